@@ -1,0 +1,133 @@
+"""Typed, frozen configuration: the model's shape and the engine's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Architectures served by the Llama-family decoder (models/llama.py).
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "smollm2")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a decoder-only transformer, read from a transformers ``PretrainedConfig``.
+
+    All sizes are counts (not bytes). ``head_dim`` is per attention head; ``eos_token_ids`` are the
+    ids that end generation unless ``ignore_eos``. ``hf_config`` keeps the full transformers config
+    for model-specific fields (rope scaling, hybrid layer types, MoE sizes).
+    """
+
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+    hf_config: Any = field(compare=False, repr=False, default=None)
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> "ModelConfig":
+        """Build from a transformers config (``qwen3_5*`` read their ``text_config``).
+
+        Raises:
+            ValueError: when a required size is missing from the config.
+        """
+        text = getattr(hf, "text_config", None) or hf
+        mt = text.model_type
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        eos = getattr(hf, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(text, "eos_token_id", None)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        return cls(
+            model_type=mt,
+            hidden_size=text.hidden_size,
+            intermediate_size=getattr(text, "intermediate_size", 0) or 0,
+            num_hidden_layers=text.num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            vocab_size=text.vocab_size,
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            max_position_embeddings=getattr(text, "max_position_embeddings", 2048),
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)
+                                     or getattr(text, "tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases; others say so in the config.
+            attention_bias=mt == "qwen2" or bool(getattr(text, "attention_bias", False)),
+            qk_norm=mt in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+            eos_token_ids=eos_ids,
+            hf_config=text,
+        )
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding settings (SGLang flag names).
+
+    ``algorithm``: ``ngram`` | ``draft`` | ``nextn`` (alias ``mtp``) | the test proposers
+    ``forced_accept`` / ``forced_reject``. ``num_steps`` is k, the most draft tokens per request and
+    step; ``num_draft_tokens`` is the tokens verified per step (k + 1 for a chain).
+    """
+
+    algorithm: str
+    num_steps: int = 3
+    num_draft_tokens: int | None = None
+    ngram_min: int = 1
+    ngram_max: int = 4
+    draft_model_path: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to start.
+
+    - ``model``: HF directory, GGUF file, or ``None`` for the default SmolLM2-135M-Instruct GGUF.
+    - ``dtype``: ``auto`` (float32 on CPU, bfloat16 on CUDA) | ``float32`` | ``bfloat16`` | ``float16``.
+    - ``max_model_len``: tokens per sequence, prompt + output (default: the model's).
+    - ``block_size``: tokens per KV-cache block.
+    - ``kv_cache_memory_bytes``: KV pool size on CPU (default 1 GiB); ``num_kv_blocks`` overrides.
+    - ``max_num_seqs``: most requests in one step; ``max_num_batched_tokens``: token budget per step
+      (long prefills are chunked to fit).
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    speculative: SpeculativeConfig | None = None
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        """The weight / activation dtype; ``auto`` is float32 on CPU and bfloat16 on CUDA."""
+        if self.dtype == "auto":
+            return torch.float32 if self.torch_device().type == "cpu" else torch.bfloat16
+        try:
+            return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                    "float16": torch.float16}[self.dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {self.dtype!r}; use auto, float32, bfloat16 or float16")

@@ -1,0 +1,190 @@
+"""The engine loop in a background thread, driven from asyncio (the HTTP server's side).
+
+The thread owns the :class:`~mtpserve.engine.engine.LLMEngine`: it builds it, warms it up, runs one
+internal request, and then loops over ``step()``. Requests and aborts arrive through a thread-safe
+queue; each step's deltas go back to per-request ``asyncio.Queue`` objects through
+``loop.call_soon_threadsafe``. PyTorch releases the GIL inside its kernels, so the event loop keeps
+answering HTTP while a step runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from mtpserve.outputs import RequestOutput
+from mtpserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped; no request can be served."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sink: Callable[[RequestOutput], None]
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    """Thread-backed async front of the engine.
+
+    Args:
+        engine_factory: builds the ``LLMEngine`` (called in the engine thread, so loading weights
+            does not block the event loop).
+        warmup: run one internal request before reporting ready (``True`` for servers).
+
+    ``ready`` turns true once the engine is built, warmed up and one internal request has finished;
+    ``dead`` once the loop has stopped on an error (``error`` then holds the traceback's last line).
+    """
+
+    def __init__(self, engine_factory: Callable[[], object], warmup: bool = True):
+        self._factory = engine_factory
+        self._warmup = warmup
+        self._inbox: queue.Queue = queue.Queue()
+        self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.engine = None
+        self.ready = False
+        self.dead = False
+        self.error: str | None = None
+        self.startup_seconds: float | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (returns at once; poll ``ready``)."""
+        self._thread = threading.Thread(target=self._run, name="mtpserve-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still in flight end with ``finish_reason="abort"``."""
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self.dead
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.engine = self._factory()
+            if self._warmup:
+                self.engine.warmup()
+            self.startup_seconds = time.perf_counter() - t0
+            self.ready = True
+            logger.info("engine ready in %.1f s", self.startup_seconds)
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - the loop must report any failure
+            self.error = f"{type(e).__name__}: {e}"
+            logger.error("engine loop died:\n%s", traceback.format_exc())
+        finally:
+            self.dead = not self._stop.is_set() or self.error is not None
+            self.ready = False
+            self._fail_all("abort" if self.error is None else "error")
+
+    def _loop(self) -> None:
+        eng = self.engine
+        while not self._stop.is_set():
+            block = not eng.has_unfinished_requests()
+            self._drain_inbox(block=block)
+            if self._stop.is_set():
+                break
+            if not eng.has_unfinished_requests():
+                continue
+            for out in eng.step():
+                sink = self._sinks.get(out.request_id)
+                if out.finished:
+                    self._sinks.pop(out.request_id, None)
+                if sink is not None:
+                    sink(out)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while msg is not None or not self._inbox.empty():
+            if msg is not None:
+                self._handle(msg)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+
+    def _handle(self, msg: _Add | _Abort) -> None:
+        eng = self.engine
+        if isinstance(msg, _Add):
+            self._sinks[msg.request_id] = msg.sink
+            try:
+                eng.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
+            except ValueError as e:  # validated earlier; keep the loop alive regardless
+                self._sinks.pop(msg.request_id, None)
+                msg.sink(RequestOutput(msg.request_id, [], "", None, True, "abort", error=str(e)))
+        else:
+            eng.abort_request(msg.request_id)
+            sink = self._sinks.pop(msg.request_id, None)
+            if sink is not None:
+                sink(RequestOutput(msg.request_id, [], "", None, True, "abort"))
+
+    def _fail_all(self, reason: str) -> None:
+        for rid, sink in list(self._sinks.items()):
+            sink(RequestOutput(rid, [], "", None, True, "abort", error=self.error or reason))
+        self._sinks.clear()
+
+    # ---- requests ----------------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its deltas until it finishes.
+
+        Closing the iterator early (client disconnect) aborts the request in the engine.
+
+        Raises:
+            EngineDeadError: the engine loop is not running; or it died while this request ran
+                (after any deltas already yielded).
+        """
+        if not self.alive or not self.ready:
+            raise EngineDeadError(self.error or "engine is not running")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        sink = lambda out: loop.call_soon_threadsafe(q.put_nowait, out)  # noqa: E731
+        self._inbox.put(_Add(request_id, list(prompt_token_ids), params, sink))
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                if out.error is not None and out.finish_reason == "abort" and self.dead:
+                    raise EngineDeadError(out.error)
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when it already finished)."""
+        self._inbox.put(_Abort(request_id))
+
+    def stats(self) -> dict[str, float]:
+        """Engine gauges: ``num_running``, ``num_waiting``, ``kv_cache_usage`` (0..1)."""
+        if self.engine is None:
+            return {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
+        return self.engine.stats()
