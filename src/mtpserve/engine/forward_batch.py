@@ -1,0 +1,47 @@
+"""The one object a model forward reads its batch layout from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """A flattened (varlen) batch of B sequences and T tokens for one forward pass.
+
+    Tokens of sequence b occupy ``query_start_loc[b]:query_start_loc[b+1]`` of the flat dimension.
+
+    - ``input_ids`` [T] int64, ``positions`` [T] int64 (position of each token in its sequence).
+    - ``slot_mapping`` [T] int64: flat KV-cache slot (``block * block_size + offset``) each token's
+      K/V is written to.
+    - ``query_lens`` [B] int64 (host list ``query_lens_cpu`` too); ``seq_lens`` [B] int64: context
+      length of each sequence *after* this step's tokens (``seq_lens_cpu``).
+    - ``block_tables`` [B, max_blocks] int32: KV blocks of each sequence, padded with 0.
+    - ``logits_indices`` [N] int64: flat token indices whose hidden states become logits.
+    - ``attn``: backend-specific attention metadata, built once per step and shared by all layers.
+    - ``extra``: per-model additions (recurrent-state slots of hybrid models, MTP inputs).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    query_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    logits_indices: torch.Tensor
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+    attn: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_cpu)

@@ -1,0 +1,133 @@
+"""Owns the model and its KV cache; turns a schedule into a ForwardBatch and runs it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from mtpserve.config import EngineConfig, ModelConfig
+from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.scheduler import SchedulerOutput
+from mtpserve.kernels.paged_attention import build_torch_metadata
+from mtpserve.models.registry import model_class
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass
+class LogitsLayout:
+    """Where each scheduled sequence's logits rows are: ``rows[i]`` is a ``(start, count)`` pair
+    into the logits tensor for ``scheduled[i]`` (count 0 when it does not sample this step)."""
+
+    rows: list[tuple[int, int]]
+
+
+class ModelRunner:
+    """Builds the model on the device, loads weights, sizes and binds the paged KV cache.
+
+    Args:
+        config: engine settings (device, dtype, KV size); model_config: the model's shape;
+        files: a ``mtpserve.loader.ModelFiles`` to read weights from; max_model_len: longest
+        sequence (sizes the RoPE table).
+    """
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int):
+        self.config, self.model_config = config, model_config
+        self.device, self.dtype = config.torch_device(), config.torch_dtype()
+        self.block_size = config.block_size
+        self.model = self._load_model(files, max_model_len)
+        self.num_blocks = self._num_blocks()
+        self._bind_kv_cache()
+
+    # ---- start-up ------------------------------------------------------------------------
+    def _load_model(self, files, max_model_len: int) -> torch.nn.Module:
+        cls = model_class(self.model_config)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(self.model_config, max_model_len)
+        finally:
+            torch.set_default_dtype(prev)
+        model.load_weights((n, t.to(self.dtype)) for n, t in files.iter_weights())
+        return model.eval()
+
+    def kv_bytes_per_block(self) -> int:
+        layers = self.model.attention_layers()
+        a = layers[0]
+        per_token = 2 * a.num_kv_heads * a.head_dim * torch.finfo(self.dtype).bits // 8
+        return per_token * self.block_size * len(layers)
+
+    def _num_blocks(self) -> int:
+        if self.config.num_kv_blocks:
+            return self.config.num_kv_blocks
+        budget = self.config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
+        return max(1, budget // self.kv_bytes_per_block())
+
+    def _bind_kv_cache(self) -> None:
+        layers = self.model.attention_layers()
+        a = layers[0]
+        shape = (len(layers), 2, self.num_blocks * self.block_size, a.num_kv_heads, a.head_dim)
+        # zeros, not empty: padded attention rows read slot 0 and 0 * NaN would poison them
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
+                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
+
+    # ---- per step ----------------------------------------------------------------------------
+    def prepare(self, sched: SchedulerOutput) -> tuple[ForwardBatch, LogitsLayout]:
+        """Flatten the scheduled sequences into one varlen batch."""
+        ids, pos, slots, qlens, slens, logits_idx, rows = [], [], [], [], [], [], []
+        bs = self.block_size
+        for s in sched.scheduled:
+            seq, start = s.seq, s.seq.num_computed_tokens
+            toks = seq.token_ids[start:start + s.num_new_tokens] + s.draft_token_ids
+            table = seq.block_table
+            base = len(ids)
+            ids.extend(toks)
+            p = list(range(start, start + len(toks)))
+            pos.extend(p)
+            slots.extend(table[x // bs] * bs + x % bs for x in p)
+            qlens.append(len(toks))
+            slens.append(start + len(toks))
+            n_logits = 1 + len(s.draft_token_ids) if s.samples else 0
+            rows.append((len(logits_idx), n_logits))
+            logits_idx.extend(range(base + len(toks) - n_logits, base + len(toks)))
+        max_blocks = max(len(s.seq.block_table) for s in sched.scheduled)
+        tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table))
+                  for s in sched.scheduled]
+        dev, i64 = self.device, torch.int64
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=i64, device=dev),
+            positions=torch.tensor(pos, dtype=i64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=i64, device=dev),
+            query_start_loc=torch.tensor([0] + _cumsum(qlens), dtype=torch.int32, device=dev),
+            query_lens=torch.tensor(qlens, dtype=i64, device=dev),
+            seq_lens=torch.tensor(slens, dtype=i64, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            logits_indices=torch.tensor(logits_idx, dtype=i64, device=dev),
+            query_lens_cpu=qlens,
+            seq_lens_cpu=slens,
+        )
+        batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev)
+        return batch, LogitsLayout(rows)
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the model; return (hidden [T, H], logits [N, vocab] float32 at logits_indices)."""
+        hidden = self.model(batch)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        return hidden, logits
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out, acc = [], 0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out

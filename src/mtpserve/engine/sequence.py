@@ -1,0 +1,133 @@
+"""One request's state inside the engine: tokens, KV blocks, progress, stop conditions."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from mtpserve.outputs import RequestOutput, SpecStats, TokenLogprob
+from mtpserve.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # not yet (or no longer, after preemption) holding KV blocks
+    RUNNING = "running"      # scheduled; may still be in the middle of a chunked prefill
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A request being served.
+
+    ``token_ids`` = prompt + accepted output tokens. ``num_computed_tokens`` of them have K/V in
+    the cache (the newest token never has: it is the next step's input). ``draft_token_ids`` are
+    this step's speculative tokens; they are verified and then dropped or turned into output.
+
+    Stop conditions are checked on every appended token (also in the middle of an accepted
+    speculative block): EOS (unless ``ignore_eos``), ``stop_token_ids``, stop strings (through the
+    detokenizer), ``max_tokens`` and ``max_model_len``.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: tuple[int, ...], max_model_len: int, detokenizer,
+                 generator: torch.Generator | None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        room = max_model_len - len(prompt_token_ids)
+        self.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self.detok = detokenizer
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []
+        self.draft_token_ids: list[int] = []
+        self.draft_probs: torch.Tensor | None = None
+        self.spec = SpecStats()
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.arrival_time = time.monotonic()
+        self._new_ids: list[int] = []
+        self._new_logprobs: list[TokenLogprob] = []
+
+    # ---- progress --------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until every token but the newest has its K/V in the cache."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    @property
+    def room_for_drafts(self) -> int:
+        """Most draft tokens this step may carry without passing max_tokens or max_model_len."""
+        left_tokens = self.max_tokens - len(self.output_token_ids) - 1
+        left_positions = self.max_model_len - self.num_tokens
+        return max(0, min(left_tokens, left_positions))
+
+    # ---- appending -------------------------------------------------------------------------
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> bool:
+        """Add one generated token and check every stop condition; return True if finished."""
+        assert not self.is_finished, "token appended to a finished sequence"
+        n_before = len(self.output_token_ids)
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        self._new_ids.append(token_id)
+        if logprob is not None:
+            self._new_logprobs.append(logprob)
+        p = self.params
+        may_stop = n_before >= p.min_tokens
+        if may_stop and not p.ignore_eos and token_id in self.eos_token_ids:
+            return self.finish("stop", None)
+        if may_stop and token_id in p.stop_token_ids:
+            return self.finish("stop", token_id)
+        matched = self.detok.append(token_id)
+        if matched is not None:
+            return self.finish("stop", matched)
+        if len(self.output_token_ids) >= self.max_tokens or self.num_tokens >= self.max_model_len:
+            return self.finish("length", None)
+        return False
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> bool:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        return True
+
+    # ---- output ------------------------------------------------------------------------------
+    def take_output(self) -> RequestOutput:
+        """The delta since the last call (new tokens, newly releasable text)."""
+        text = self.detok.take_new_text()
+        if self.is_finished and not isinstance(self.stop_reason, str):
+            text += self.detok.finish()
+        out = RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=self._new_ids,
+            new_text=text,
+            new_logprobs=self._new_logprobs if self.params.logprobs is not None else None,
+            finished=self.is_finished,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=len(self.output_token_ids),
+            num_cached_tokens=self.num_cached_tokens,
+            spec=self.spec if self.spec.num_verify_steps else None,
+        )
+        self._new_ids, self._new_logprobs = [], []
+        return out

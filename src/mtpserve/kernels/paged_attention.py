@@ -1,0 +1,113 @@
+"""Paged attention, plain-PyTorch reference (the CPU path and the test oracle for GPU kernels).
+
+Causal softmax attention (Vaswani et al. 2017) of each sequence's new query tokens over its whole
+context, whose K/V live in fixed-size blocks of a shared cache (PagedAttention, Kwon et al. 2023).
+Sequences with few query tokens (decode, speculative verify) are padded into one batched call;
+each longer one (prefill chunk) gets a call of its own, so padding never multiplies a prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Sequences with at most this many query tokens share one padded attention call.
+SMALL_QUERY = 16
+
+
+@dataclass
+class PaddedGroup:
+    """Sequences attended in one ``scaled_dot_product_attention`` call.
+
+    ``token_index`` [Tg] int64: flat token rows of this group (None: all tokens, in order);
+    ``pad_index`` [Tg] int64: row ``b * max_q + i`` of each token in the padded query block;
+    ``kv_index`` [Bg, max_ctx] int64: cache slot of each context position (padding reads slot 0);
+    ``mask`` [Bg, 1, max_q, max_ctx] bool: True where a query may attend a key.
+    """
+
+    token_index: torch.Tensor | None
+    pad_index: torch.Tensor
+    batch: int
+    max_q: int
+    kv_index: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class TorchAttentionMetadata:
+    groups: list[PaddedGroup]
+
+
+def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor,
+                         block_size: int, device: torch.device) -> TorchAttentionMetadata:
+    """Group the batch for :func:`paged_attention_ref`.
+
+    Args:
+        query_lens: new tokens per sequence (host ints); seq_lens: context length after them.
+        block_tables: [B, max_blocks] int32 on ``device``.
+    """
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    small = [b for b, q in enumerate(query_lens) if q <= SMALL_QUERY]
+    groups = []
+    if small:
+        groups.append(_group(small, starts, query_lens, seq_lens, block_tables, block_size, device,
+                             all_tokens=len(small) == len(query_lens)))
+    for b, q in enumerate(query_lens):
+        if q > SMALL_QUERY:
+            groups.append(_group([b], starts, query_lens, seq_lens, block_tables, block_size,
+                                 device, all_tokens=len(query_lens) == 1))
+    return TorchAttentionMetadata(groups)
+
+
+def _group(seqs, starts, query_lens, seq_lens, block_tables, block_size, device, all_tokens):
+    qlens = [query_lens[b] for b in seqs]
+    ctx = torch.tensor([seq_lens[b] for b in seqs], dtype=torch.int64, device=device)
+    max_q, max_ctx = max(qlens), max(seq_lens[b] for b in seqs)
+    token_index = None if all_tokens else torch.tensor(
+        [starts[b] + i for b in seqs for i in range(query_lens[b])], dtype=torch.int64, device=device)
+    pad_index = torch.tensor([g * max_q + i for g, q in enumerate(qlens) for i in range(q)],
+                             dtype=torch.int64, device=device)
+    pos = torch.arange(max_ctx, device=device)
+    tables = block_tables[torch.tensor(seqs, device=device)].long()
+    kv_index = tables[:, pos // block_size] * block_size + pos % block_size
+    qlen_t = torch.tensor(qlens, dtype=torch.int64, device=device)
+    i = torch.arange(max_q, device=device)
+    qpos = (ctx - qlen_t).unsqueeze(1) + i.unsqueeze(0)          # [Bg, max_q]
+    qpos = torch.where(i.unsqueeze(0) < qlen_t.unsqueeze(1), qpos, 0)  # padding rows see key 0
+    mask = (pos.view(1, 1, -1) <= qpos.unsqueeze(-1)).unsqueeze(1)
+    return PaddedGroup(token_index, pad_index, len(seqs), max_q, kv_index, mask)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store this step's keys/values: ``k``, ``v`` [T, Hkv, D] into caches [slots, Hkv, D]."""
+    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention of ``q`` [T, Hq, D] over cached K/V ([slots, Hkv, D], GQA when Hq > Hkv).
+
+    Returns [T, Hq, D] in q's dtype. The current step's K/V must already be written.
+    """
+    T, Hq, D = q.shape
+    out = q.new_empty(T, Hq, D) if len(meta.groups) > 1 else None
+    for g in meta.groups:
+        qg = q if g.token_index is None else q[g.token_index]
+        qp = qg.new_zeros(g.batch * g.max_q, Hq, D)
+        qp[g.pad_index] = qg
+        qp = qp.view(g.batch, g.max_q, Hq, D).transpose(1, 2)
+        k = k_cache[g.kv_index].transpose(1, 2).to(q.dtype)
+        v = v_cache[g.kv_index].transpose(1, 2).to(q.dtype)
+        o = F.scaled_dot_product_attention(qp, k, v, attn_mask=g.mask, scale=scale,
+                                           enable_gqa=Hq != k.shape[1])
+        o = o.transpose(1, 2).reshape(g.batch * g.max_q, Hq, D)[g.pad_index]
+        if out is None:
+            return o
+        out[g.token_index] = o
+    return out

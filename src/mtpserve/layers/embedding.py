@@ -1,0 +1,54 @@
+"""Token embedding and LM head, split over the vocabulary under tensor parallelism."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table [vocab, hidden]; each TP rank holds a contiguous slice of the vocabulary.
+
+    ``forward(ids [T] int64) -> [T, hidden]``: rows outside this rank's slice read as zero and
+    the all-reduce fills them in.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.vocab_size = vocab_size
+        self.part = (vocab_size + self.tp_size - 1) // self.tp_size
+        self.start = self.tp_rank * self.part
+        self.weight = nn.Parameter(torch.empty(self.part, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        rows = loaded[self.start:self.start + self.part]
+        param.data[: rows.shape[0]].copy_(rows)
+        param.data[rows.shape[0]:].zero_()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.part)
+        out = F.embedding(local.clamp(0, self.part - 1), self.weight) * inside.unsqueeze(-1)
+        return tp_all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection hidden -> vocabulary logits; may share its weight with the embedding.
+
+    ``forward(hidden [N, H]) -> logits [N, vocab] float32`` (gathered over TP ranks).
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight).float()
+        if self.tp_size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
+            torch.distributed.all_gather(parts, logits)
+            logits = torch.cat(parts, dim=-1)
+        return logits[:, : self.vocab_size]

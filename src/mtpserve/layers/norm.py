@@ -1,0 +1,29 @@
+"""RMSNorm (Zhang & Sennrich 2019), in the two weight conventions the supported models use."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``y = x / sqrt(mean(x^2) + eps) * w``, computed in float32 and cast back to x's dtype.
+
+    ``zero_centered=True`` stores ``w - 1`` (Qwen3-Next / Qwen3.5), so the scale is ``1 + w``.
+    Input ``x``: [..., hidden] any float dtype; output: same shape and dtype.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, zero_centered: bool = False):
+        super().__init__()
+        init = torch.zeros if zero_centered else torch.ones
+        self.weight = nn.Parameter(init(hidden_size))
+        self.eps = eps
+        self.zero_centered = zero_centered
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:
+            return (h * (1.0 + self.weight.float())).to(dtype)
+        return self.weight * h.to(dtype)

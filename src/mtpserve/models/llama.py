@@ -1,0 +1,130 @@
+"""Llama-family decoder: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm), SmolLM2 (tied).
+
+Pre-norm decoder (Touvron et al. 2023): RMSNorm -> GQA attention with RoPE -> residual ->
+RMSNorm -> SwiGLU MLP -> residual. Layer names follow vLLM so a checkpoint maps line by line.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from mtpserve.config import ModelConfig
+from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.layers.activation import SiluAndMul
+from mtpserve.layers.attention import Attention
+from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mtpserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from mtpserve.layers.norm import RMSNorm
+from mtpserve.layers.rotary import RotaryEmbedding
+from mtpserve.models.weights import check_all_loaded, load_weights
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention block: fused QKV projection, optional per-head q/k RMSNorm, RoPE, output."""
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, max_len: int):
+        super().__init__()
+        hf = cfg.hf_config
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, bias=cfg.attention_bias)
+        o_bias = cfg.attention_bias and cfg.model_type != "qwen2"
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
+                                        bias=o_bias)
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.head_dim = cfg.head_dim
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.rotary = rotary
+        scale = getattr(hf, "query_pre_attn_scalar", None)
+        self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
+                              (scale or cfg.head_dim) ** -0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        T = x.shape[0]
+        q = q.reshape(T, -1, self.head_dim)
+        k = k.reshape(T, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v, batch))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, max_len: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, rotary, max_len)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size,
+                            bool(getattr(cfg.hf_config, "mlp_bias", False)))
+
+    def forward(self, positions, x, batch):
+        x = x + self.self_attn(positions, self.input_layernorm(x), batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_len: int):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.head_dim, max_len, cfg.hf_config)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, max_len)
+                                    for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        x = self.embed_tokens(batch.input_ids)
+        for layer in self.layers:
+            x = layer(batch.positions, x, batch)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM over the paged KV cache.
+
+    ``forward(batch) -> hidden [T, hidden]`` (after the final norm; also the MTP / draft input);
+    ``compute_logits(hidden [N, hidden]) -> [N, vocab] float32``.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_len: int):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg, max_len)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors; raises ``ValueError`` for unknown or missing ones."""
+        skip = ("rotary_emb.inv_freq",) + (("lm_head.",) if self.config.tie_word_embeddings else ())
+        loaded = load_weights(self, weights, skip=skip)
+        if self.config.tie_word_embeddings:
+            loaded.add("lm_head.weight")
+        check_all_loaded(self, loaded)
