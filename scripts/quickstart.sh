@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up, serve the default model on 127.0.0.1:8000, wait until it is ready, ask it one chat
+# question through the official openai client, print the answer, and stop the server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+. .venv/bin/activate
+PORT=${PORT:-8000}
+mtpserve serve --port "$PORT" "$@" > quickstart-server.log 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+mtpserve wait-ready --url "http://127.0.0.1:$PORT" --timeout 300 || { cat quickstart-server.log; exit 1; }
+python - "$PORT" <<'PY'
+import sys
+from openai import OpenAI
+client = OpenAI(base_url=f"http://127.0.0.1:{sys.argv[1]}/v1", api_key="none")
+model = client.models.list().data[0].id
+question = "What is the capital of France? Answer in one sentence."
+reply = client.chat.completions.create(model=model, max_tokens=48, temperature=0,
+                                       messages=[{"role": "user", "content": question}])
+print(f"model: {model}\nuser: {question}\nassistant: {reply.choices[0].message.content}")
+print(f"usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} completion tokens")
+PY

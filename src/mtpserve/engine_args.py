@@ -1,0 +1,60 @@
+"""Command-line flags that build an ``EngineConfig`` (names follow vLLM / SGLang)."""
+
+from __future__ import annotations
+
+import argparse
+
+from mtpserve.config import EngineConfig, SpeculativeConfig
+
+SPEC_ALGORITHMS = ("ngram", "draft", "nextn", "mtp", "forced_accept", "forced_reject")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Add the model / engine / speculative flags to ``p``."""
+    p.add_argument("model_pos", nargs="?", metavar="MODEL",
+                   help="HF directory or GGUF file (default: SmolLM2-135M-Instruct Q4_1 GGUF)")
+    p.add_argument("--model", help="same as the positional MODEL")
+    p.add_argument("--tokenizer", help="tokenizer path (default: the model's)")
+    p.add_argument("--served-model-name", help="model name clients use (default: file stem)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: float32 on CPU, bfloat16 on GPU")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--max-model-len", type=int, help="context length (prompt + output), tokens")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument("--kv-cache-memory", type=float, metavar="GiB",
+                   help="KV-cache size on CPU in GiB (default 1)")
+    p.add_argument("--num-kv-blocks", type=int, help="exact number of KV blocks (overrides size)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget per step; longer prefills are chunked")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--speculative-algorithm", choices=SPEC_ALGORITHMS,
+                   help="proposer; nextn and mtp are the same (the checkpoint's MTP layers)")
+    g.add_argument("--speculative-num-steps", type=int, default=3, help="draft tokens per step (k)")
+    g.add_argument("--speculative-num-draft-tokens", type=int,
+                   help="tokens verified per step (k + 1 for a chain)")
+    g.add_argument("--speculative-ngram-min", type=int, default=1, help="shortest n-gram matched")
+    g.add_argument("--speculative-ngram-max", type=int, default=4, help="longest n-gram matched")
+    g.add_argument("--speculative-draft-model-path", help="draft model (same tokenizer)")
+
+
+def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
+    """Build the engine config; raises ``ValueError`` on contradicting flags."""
+    if a.model and a.model_pos and a.model != a.model_pos:
+        raise ValueError(f"two models given: {a.model_pos!r} and --model {a.model!r}")
+    spec = None
+    if a.speculative_algorithm:
+        spec = SpeculativeConfig(
+            algorithm=a.speculative_algorithm, num_steps=a.speculative_num_steps,
+            num_draft_tokens=a.speculative_num_draft_tokens, ngram_min=a.speculative_ngram_min,
+            ngram_max=a.speculative_ngram_max, draft_model_path=a.speculative_draft_model_path)
+    kv = None if a.kv_cache_memory is None else int(a.kv_cache_memory * 2**30)
+    return EngineConfig(
+        model=a.model or a.model_pos, tokenizer=a.tokenizer,
+        served_model_name=a.served_model_name, dtype=a.dtype, device=a.device,
+        max_model_len=a.max_model_len, block_size=a.block_size, kv_cache_memory_bytes=kv,
+        num_kv_blocks=a.num_kv_blocks, max_num_seqs=a.max_num_seqs,
+        max_num_batched_tokens=a.max_num_batched_tokens,
+        enable_prefix_caching=a.enable_prefix_caching, seed=a.seed, speculative=spec)
