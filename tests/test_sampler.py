@@ -13,6 +13,8 @@ from mtpserve.sampling_params import SamplingParams
 NEG_INF = float("-inf")
 # Upper 0.1% points of the chi-square distribution (standard tables), by degrees of freedom.
 CHI2_CRIT_0_001 = {2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
 def row(prompt=(), output=(), eos=(), gen=None, **kw) -> SamplingRow:
@@ -43,9 +45,10 @@ def test_process_logits_leaves_input_and_plain_rows_alone():
     assert out.tolist() == [[1.0, 2.0, 3.0], [1.0, 3.0, 3.0]]
 
 
-def test_min_tokens_bans_eos_and_stop_token_ids_until_reached():
+@pytest.mark.parametrize("device", DEVICES)
+def test_min_tokens_bans_eos_and_stop_token_ids_until_reached(device):
     s = Sampler(5)
-    logits = torch.zeros(4, 5)
+    logits = torch.zeros(4, 5, device=device)
     rows = [row(output=[4, 4], eos=[3], min_tokens=3, stop_token_ids=[1]),
             row(output=[4, 4, 4], eos=[3], min_tokens=3, stop_token_ids=[1]),
             row(output=[], eos=[3], min_tokens=1, stop_token_ids=[1], ignore_eos=True),
@@ -96,7 +99,8 @@ def test_bias_is_applied_before_repetition_penalty():
 
 def test_penalties_batch_rows_with_different_histories():
     s = Sampler(3)
-    rows = [row(output=[0], frequency_penalty=1.0), row(), row(output=[2, 2], frequency_penalty=1.0)]
+    rows = [row(output=[0], frequency_penalty=1.0), row(),
+            row(output=[2, 2], frequency_penalty=1.0)]
     out = s.process_logits(torch.ones(3, 3), rows)
     assert out.tolist() == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, -1.0]]
 
@@ -166,9 +170,10 @@ def test_top_p_applies_to_what_top_k_left():
     assert support(s.probs(logits, [row(top_k=3, top_p=0.72)])) == [0, 1]
 
 
-def test_truncation_is_per_row_in_a_mixed_batch():
+@pytest.mark.parametrize("device", DEVICES)
+def test_truncation_is_per_row_in_a_mixed_batch(device):
     s = Sampler(4)
-    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(4, 1)
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(4, 1).to(device)
     rows = [row(), row(top_k=1), row(top_p=0.75), row(min_p=0.25)]
     keep = (s.probs(logits, rows) > 0).tolist()
     assert keep == [[True, True, True, True], [True, False, False, False],
@@ -191,14 +196,16 @@ def test_greedy_sees_penalties_and_ignores_truncation_settings():
     assert s.sample(t(3.0, 2.9), rows).token_ids.tolist() == [1]  # 3 / 2 < 2.9
 
 
-def test_greedy_rows_consume_no_randomness():
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_rows_consume_no_randomness(device):
+    dev = torch.empty(0, device=device).device
     s = Sampler(8, seed=3)
-    gen = make_generator(11, "cpu")
-    before_own, before_shared = gen.get_state(), s.default_generator(torch.device("cpu")).get_state()
-    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    gen = make_generator(11, dev)
+    before_own, before_shared = gen.get_state(), s.default_generator(dev).get_state()
+    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(0)).to(dev)
     s.sample(logits, [row(temperature=0.0, gen=gen), row(temperature=0.0)])
     assert torch.equal(gen.get_state(), before_own)
-    assert torch.equal(s.default_generator(torch.device("cpu")).get_state(), before_shared)
+    assert torch.equal(s.default_generator(dev).get_state(), before_shared)
 
 
 # ---- randomness ------------------------------------------------------------------------------
@@ -223,13 +230,14 @@ def test_sampler_seed_drives_unseeded_rows():
     assert run(1) != run(2)
 
 
-def test_seeded_row_does_not_depend_on_batch_neighbours():
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_row_does_not_depend_on_batch_neighbours(device):
     vocab = 40
-    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(5))
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(5)).to(device)
 
     def seeded_tokens(extra_before: int, extra_after: int) -> list[int]:
         s = Sampler(vocab, seed=99)
-        gen, other = make_generator(42, "cpu"), make_generator(1, "cpu")
+        gen, other = make_generator(42, logits.device), make_generator(1, logits.device)
         toks = []
         for _ in range(10):
             rows = ([row()] * extra_before + [row(gen=gen, top_k=20)]
@@ -261,34 +269,36 @@ def _chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return stat, int(inside.sum().item()) - 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kw", [dict(temperature=0.8, top_k=5),
                                 dict(temperature=1.3, top_p=0.9),
                                 dict(temperature=1.0, min_p=0.1, presence_penalty=1.0)])
-def test_draw_matches_probs_chi_square(kw):
+def test_draw_matches_probs_chi_square(kw, device):
     vocab, n = 6, 20000
     s = Sampler(vocab, seed=2024)
-    logits = torch.tensor([[0.0, 0.5, 1.0, 1.5, -1.0, 2.0]])
+    logits = torch.tensor([[0.0, 0.5, 1.0, 1.5, -1.0, 2.0]], device=device)
     base = row(output=[5], **kw)
     p = s.probs(s.process_logits(logits, [base]), [base])[0]
     # one seeded generator shared by n rows (drawn in row order), and the shared generator
-    seeded = [row(output=[5], gen=make_generator(77, "cpu"), **kw)]
+    seeded = [row(output=[5], gen=make_generator(77, logits.device), **kw)]
     seeded_rows = seeded * n
     for rows in (seeded_rows, [base] * n):
         toks = s.sample(logits.repeat(n, 1), rows).token_ids
-        stat, dof = _chi_square(toks, p)
+        stat, dof = _chi_square(toks.cpu(), p.cpu())
         assert stat < CHI2_CRIT_0_001[dof], (stat, dof, p.tolist())
 
 
 # ---- logprobs --------------------------------------------------------------------------------
 
-def test_logprobs_are_log_softmax_of_raw_logits_with_ordered_top_lists():
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_are_log_softmax_of_raw_logits_with_ordered_top_lists(device):
     vocab = 50
     s = Sampler(vocab)
-    raw = torch.randn(3, vocab, generator=torch.Generator().manual_seed(9)) * 3
+    raw = (torch.randn(3, vocab, generator=torch.Generator().manual_seed(9)) * 3).to(device)
     rows = [row(logprobs=5, logit_bias={0: 100.0}, temperature=0.0),
             row(), row(logprobs=0, temperature=0.7, repetition_penalty=1.5, output=[1, 2])]
     out = s.sample(raw, rows)
-    ref = torch.log_softmax(raw, dim=1)
+    ref = torch.log_softmax(raw, dim=1).cpu()
     lp0, lp1, lp2 = out.logprobs
     assert out.token_ids[0].item() == 0  # the bias decides the token ...
     assert lp0.token_id == 0 and lp0.logprob == ref[0, 0].item()  # ... not the logprob

@@ -77,8 +77,8 @@ def apply_min_tokens(logits: Tensor, rows: Sequence) -> None:
 def apply_penalties(logits: Tensor, rows: Sequence) -> None:
     """Repetition, presence and frequency penalties, in place, for rows that ask for them.
 
-    - repetition (HF ``RepetitionPenaltyLogitsProcessor``, after CTRL, Keskar et al. 2019): for every
-      token seen in the prompt or the output, a positive logit is divided by the penalty and a
+    - repetition (HF ``RepetitionPenaltyLogitsProcessor``, after CTRL, Keskar et al. 2019): for
+      every token seen in the prompt or the output, a positive logit is divided by the penalty and a
       negative one multiplied by it;
     - presence / frequency (OpenAI API reference): ``logit -= presence * (count > 0) +
       frequency * count`` with ``count`` the token's occurrences in the output only.
