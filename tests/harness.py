@@ -65,3 +65,17 @@ class Harness:
             start += n
             seq.num_computed_tokens += n
         return out
+
+
+def logits_of_prompt(engine, token_ids: list[int]) -> torch.Tensor:
+    """Logits [len, vocab] at every position of one prefill through a live engine's runner and
+    KV pool (the blocks are returned afterwards)."""
+    seq = Sequence("probe", token_ids, SamplingParams(), (), engine.max_model_len, None, None)
+    assert engine.block_manager.allocate(seq, len(token_ids))
+    try:
+        batch, _ = engine.runner.prepare(SchedulerOutput([ScheduledSeq(seq, len(token_ids), [])]))
+        hidden, _ = engine.runner.execute(batch)
+        with torch.inference_mode():
+            return engine.runner.model.compute_logits(hidden)
+    finally:
+        engine.block_manager.free_seq(seq)

@@ -112,9 +112,10 @@ class LLMEngine:
         outputs = []
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
+        token_ids = result.token_ids.tolist()
         for i, s in enumerate(sampling):
             lp = result.logprobs[i] if result.logprobs is not None else None
-            s.seq.append_token(int(result.token_ids[i]), lp)
+            s.seq.append_token(token_ids[i], lp)
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
         return outputs

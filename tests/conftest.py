@@ -1,0 +1,32 @@
+"""Shared fixtures: the real SmolLM2-135M-Instruct model, ours and HF transformers' (float32)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from mtpserve.loader import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    """HF transformers' own GGUF loading of the real model: the reference implementation."""
+    from transformers import AutoModelForCausalLM
+
+    d, f = os.path.dirname(smollm2_path), os.path.basename(smollm2_path)
+    return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_llm():
+    """Our engine over the real model, float32 on CPU (a 2048-token context keeps the KV small)."""
+    from mtpserve import LLM
+
+    return LLM(None, dtype="float32", device="cpu", max_model_len=2048, num_kv_blocks=1024)
