@@ -8,6 +8,7 @@ from typing import Sequence as Seq
 
 from mtpserve.config import EngineConfig, SpeculativeConfig
 from mtpserve.engine.fanout import child_params, child_request_id
+from mtpserve.engine.validation import validate_request
 from mtpserve.outputs import CompletionOutput, GenerateResult
 from mtpserve.sampling_params import SamplingParams
 
@@ -59,6 +60,9 @@ class LLM:
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        eng = self.engine
+        for prompt_ids, p in zip(ids, params):  # all or nothing: check before queueing any
+            validate_request(prompt_ids, p, eng.model_config.vocab_size, eng.max_model_len)
         results, by_rid = [], {}
         for prompt_ids, p in zip(ids, params):
             res = GenerateResult(prompt_ids, [CompletionOutput(i) for i in range(p.n)])
@@ -66,12 +70,7 @@ class LLM:
             base = f"gen-{next(self._ids)}"
             for i in range(p.n):
                 rid = child_request_id(base, i, p.n)
-                try:
-                    self.engine.add_request(rid, prompt_ids, child_params(p, i))
-                except ValueError:
-                    for added in by_rid:  # leave the engine as we found it
-                        self.engine.abort_request(added)
-                    raise
+                self.engine.add_request(rid, prompt_ids, child_params(p, i))
                 by_rid[rid] = (res, i)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():

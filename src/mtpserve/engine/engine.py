@@ -107,15 +107,15 @@ class LLMEngine:
         batch, layout = self.runner.prepare(sched)
         _, logits = self.runner.execute(batch)
         sampling = [s for s in sched.scheduled if s.samples]
-        rows = [self._row(s.seq) for s in sampling]
-        result = self.sampler.sample(logits, rows)
-        outputs = []
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-        token_ids = result.token_ids.tolist()
-        for i, s in enumerate(sampling):
-            lp = result.logprobs[i] if result.logprobs is not None else None
-            s.seq.append_token(token_ids[i], lp)
+        if sampling:  # a step of prefill chunks only samples nothing
+            result = self.sampler.sample(logits, [self._row(s.seq) for s in sampling])
+            token_ids = result.token_ids.tolist()
+            for i, s in enumerate(sampling):
+                lp = result.logprobs[i] if result.logprobs is not None else None
+                s.seq.append_token(token_ids[i], lp)
+        outputs = []
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
         return outputs

@@ -121,6 +121,8 @@ class ModelRunner:
     def execute(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model; return (hidden [T, H], logits [N, vocab] float32 at logits_indices)."""
         hidden = self.model(batch)
+        if batch.logits_indices.numel() == 0:
+            return hidden, hidden.new_empty(0, self.model_config.vocab_size, dtype=torch.float32)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         return hidden, logits
 
