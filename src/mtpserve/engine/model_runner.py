@@ -114,7 +114,7 @@ class ModelRunner:
             query_lens_cpu=qlens,
             seq_lens_cpu=slens,
         )
-        batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev)
+        batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev, self.dtype)
         return batch, LogitsLayout(rows)
 
     @torch.inference_mode()

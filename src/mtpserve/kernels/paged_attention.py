@@ -22,13 +22,15 @@ class PaddedGroup:
     """Sequences attended in one ``scaled_dot_product_attention`` call.
 
     ``token_index`` [Tg] int64: flat token rows of this group (None: all tokens, in order);
-    ``pad_index`` [Tg] int64: row ``b * max_q + i`` of each token in the padded query block;
+    ``pad_index`` [Tg] int64: row ``b * max_q + i`` of each token in the padded query block
+    (None when no padding is needed: every sequence has ``max_q`` query tokens);
     ``kv_index`` [Bg, max_ctx] int64: cache slot of each context position (padding reads slot 0);
-    ``mask`` [Bg, 1, max_q, max_ctx] bool: True where a query may attend a key.
+    ``mask`` [Bg, 1, max_q, max_ctx] additive float mask: 0 where a query may attend a key, -inf
+    elsewhere (built once per step in the attention dtype).
     """
 
     token_index: torch.Tensor | None
-    pad_index: torch.Tensor
+    pad_index: torch.Tensor | None
     batch: int
     max_q: int
     kv_index: torch.Tensor
@@ -41,12 +43,13 @@ class TorchAttentionMetadata:
 
 
 def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor,
-                         block_size: int, device: torch.device) -> TorchAttentionMetadata:
+                         block_size: int, device: torch.device,
+                         dtype: torch.dtype = torch.float32) -> TorchAttentionMetadata:
     """Group the batch for :func:`paged_attention_ref`.
 
     Args:
         query_lens: new tokens per sequence (host ints); seq_lens: context length after them.
-        block_tables: [B, max_blocks] int32 on ``device``.
+        block_tables: [B, max_blocks] int32 on ``device``; dtype: the attention dtype.
     """
     starts = [0]
     for q in query_lens:
@@ -55,22 +58,24 @@ def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_table
     groups = []
     if small:
         groups.append(_group(small, starts, query_lens, seq_lens, block_tables, block_size, device,
-                             all_tokens=len(small) == len(query_lens)))
+                             dtype, all_tokens=len(small) == len(query_lens)))
     for b, q in enumerate(query_lens):
         if q > SMALL_QUERY:
             groups.append(_group([b], starts, query_lens, seq_lens, block_tables, block_size,
-                                 device, all_tokens=len(query_lens) == 1))
+                                 device, dtype, all_tokens=len(query_lens) == 1))
     return TorchAttentionMetadata(groups)
 
 
-def _group(seqs, starts, query_lens, seq_lens, block_tables, block_size, device, all_tokens):
+def _group(seqs, starts, query_lens, seq_lens, block_tables, block_size, device, dtype,
+           all_tokens):
     qlens = [query_lens[b] for b in seqs]
     ctx = torch.tensor([seq_lens[b] for b in seqs], dtype=torch.int64, device=device)
     max_q, max_ctx = max(qlens), max(seq_lens[b] for b in seqs)
     token_index = None if all_tokens else torch.tensor(
         [starts[b] + i for b in seqs for i in range(query_lens[b])], dtype=torch.int64, device=device)
-    pad_index = torch.tensor([g * max_q + i for g, q in enumerate(qlens) for i in range(q)],
-                             dtype=torch.int64, device=device)
+    pad_index = None if all(q == max_q for q in qlens) else torch.tensor(
+        [g * max_q + i for g, q in enumerate(qlens) for i in range(q)], dtype=torch.int64,
+        device=device)
     pos = torch.arange(max_ctx, device=device)
     tables = block_tables[torch.tensor(seqs, device=device)].long()
     kv_index = tables[:, pos // block_size] * block_size + pos % block_size
@@ -78,7 +83,8 @@ def _group(seqs, starts, query_lens, seq_lens, block_tables, block_size, device,
     i = torch.arange(max_q, device=device)
     qpos = (ctx - qlen_t).unsqueeze(1) + i.unsqueeze(0)          # [Bg, max_q]
     qpos = torch.where(i.unsqueeze(0) < qlen_t.unsqueeze(1), qpos, 0)  # padding rows see key 0
-    mask = (pos.view(1, 1, -1) <= qpos.unsqueeze(-1)).unsqueeze(1)
+    allowed = (pos.view(1, 1, -1) <= qpos.unsqueeze(-1)).unsqueeze(1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, -torch.inf)
     return PaddedGroup(token_index, pad_index, len(seqs), max_q, kv_index, mask)
 
 
@@ -99,14 +105,18 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = q.new_empty(T, Hq, D) if len(meta.groups) > 1 else None
     for g in meta.groups:
         qg = q if g.token_index is None else q[g.token_index]
-        qp = qg.new_zeros(g.batch * g.max_q, Hq, D)
-        qp[g.pad_index] = qg
-        qp = qp.view(g.batch, g.max_q, Hq, D).transpose(1, 2)
+        if g.pad_index is not None:
+            qp = qg.new_zeros(g.batch * g.max_q, Hq, D)
+            qp[g.pad_index] = qg
+            qg = qp
+        qp = qg.view(g.batch, g.max_q, Hq, D).transpose(1, 2)
         k = k_cache[g.kv_index].transpose(1, 2).to(q.dtype)
         v = v_cache[g.kv_index].transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(qp, k, v, attn_mask=g.mask, scale=scale,
                                            enable_gqa=Hq != k.shape[1])
-        o = o.transpose(1, 2).reshape(g.batch * g.max_q, Hq, D)[g.pad_index]
+        o = o.transpose(1, 2).reshape(g.batch * g.max_q, Hq, D)
+        if g.pad_index is not None:
+            o = o[g.pad_index]
         if out is None:
             return o
         out[g.token_index] = o

@@ -43,8 +43,10 @@ def inverse_frequencies(hf_config: Any, rotary_dim: int) -> tuple[torch.Tensor, 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to the first ``rotary_dim`` channels of each head (the rest pass through).
 
-    ``forward(positions [T] int64, q [T, Hq, D], k [T, Hk, D])`` returns rotated (q, k), same
-    shapes and dtypes. cos/sin are precomputed in float32 for ``max_position`` positions.
+    cos/sin are precomputed in float32 for ``max_position`` positions. A forward pass looks them
+    up once (``lookup(positions [T] int64)`` -> (cos, sin), each [T, 1, rotary_dim]) and every
+    layer then calls ``apply(q [T, Hq, D], k [T, Hk, D], cos_sin)``, which returns rotated
+    (q, k) with the same shapes and dtypes.
     """
 
     def __init__(self, head_dim: int, rotary_dim: int, max_position: int, hf_config: Any):
@@ -57,17 +59,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype):
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.sin[positions].unsqueeze(1).to(dtype))
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos_sin
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim
-        rot = x[..., :r]
+        rot = x[..., :r] if r != self.head_dim else x
         x1, x2 = rot.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)
-        out = rot * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+        out = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
         if r == self.head_dim:
             return out
         return torch.cat([out, x[..., r:]], dim=-1)

@@ -43,14 +43,14 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
                               (scale or cfg.head_dim) ** -0.5)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         T = x.shape[0]
         q = q.reshape(T, -1, self.head_dim)
         k = k.reshape(T, -1, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.rotary.apply(q, k, rope)
         return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v, batch))
 
 
@@ -76,8 +76,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size,
                             bool(getattr(cfg.hf_config, "mlp_bias", False)))
 
-    def forward(self, positions, x, batch):
-        x = x + self.self_attn(positions, self.input_layernorm(x), batch)
+    def forward(self, rope, x, batch):
+        x = x + self.self_attn(rope, self.input_layernorm(x), batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -85,15 +85,16 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_len: int):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.head_dim, max_len, cfg.hf_config)
+        self.rotary = rotary = RotaryEmbedding(cfg.head_dim, cfg.head_dim, max_len, cfg.hf_config)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, max_len)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
+        rope = self.rotary.lookup(batch.positions, x.dtype)
         for layer in self.layers:
-            x = layer(batch.positions, x, batch)
+            x = layer(rope, x, batch)
         return self.norm(x)
 
 
