@@ -22,6 +22,7 @@ class ForwardBatch:
     - ``block_tables`` [B, max_blocks] int32: KV blocks of each sequence, padded with 0.
     - ``logits_indices`` [N] int64: flat token indices whose hidden states become logits.
     - ``attn``: backend-specific attention metadata, built once per step and shared by all layers.
+    - ``kv_caches``: per attention layer, its (K, V) cache tensors [num_slots, Hkv, D].
     - ``extra``: per-model additions (recurrent-state slots of hybrid models, MTP inputs).
     """
 
@@ -36,6 +37,7 @@ class ForwardBatch:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     attn: Any = None
+    kv_caches: list = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -9,6 +9,7 @@ import torch
 
 from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.scheduler import SchedulerOutput
 from mtpserve.kernels.paged_attention import build_torch_metadata
 from mtpserve.models.registry import model_class
@@ -27,21 +28,26 @@ class LogitsLayout:
 
 
 class ModelRunner:
-    """Builds the model on the device, loads weights, sizes and binds the paged KV cache.
+    """Builds the model on the device, loads weights, sizes the paged KV cache, runs steps.
 
     Args:
         config: engine settings (device, dtype, KV size); model_config: the model's shape;
-        files: a ``mtpserve.loader.ModelFiles`` to read weights from; max_model_len: longest
-        sequence (sizes the RoPE table).
+        files: a ``mtpserve.loader.ModelFiles`` to read weights from (unused with ``model``);
+        max_model_len: longest sequence (sizes the RoPE table); model: an already-loaded model
+        to share (a self-drafting proposer runs the target's weights over its own KV cache).
     """
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int,
+                 model: torch.nn.Module | None = None):
         self.config, self.model_config = config, model_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.block_size = config.block_size
-        self.model = self._load_model(files, max_model_len)
+        self.model = model if model is not None else self._load_model(files, max_model_len)
+        a = self.model.attention_layers()[0]
+        self._kv_shape = (len(self.model.attention_layers()), a.num_kv_heads, a.head_dim)
         self.num_blocks = self._num_blocks()
-        self._bind_kv_cache()
+        self.kv_cache = KVCache(self._kv_shape[0], self.num_blocks, self.block_size,
+                                *self._kv_shape[1:], self.dtype, self.device)
 
     # ---- start-up ------------------------------------------------------------------------
     def _load_model(self, files, max_model_len: int) -> torch.nn.Module:
@@ -57,27 +63,14 @@ class ModelRunner:
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
-        layers = self.model.attention_layers()
-        a = layers[0]
-        per_token = 2 * a.num_kv_heads * a.head_dim * torch.finfo(self.dtype).bits // 8
-        return per_token * self.block_size * len(layers)
+        return KVCache.bytes_per_block(self._kv_shape[0], self.block_size, *self._kv_shape[1:],
+                                       self.dtype)
 
     def _num_blocks(self) -> int:
         if self.config.num_kv_blocks:
             return self.config.num_kv_blocks
         budget = self.config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         return max(1, budget // self.kv_bytes_per_block())
-
-    def _bind_kv_cache(self) -> None:
-        layers = self.model.attention_layers()
-        a = layers[0]
-        shape = (len(layers), 2, self.num_blocks * self.block_size, a.num_kv_heads, a.head_dim)
-        # zeros, not empty: padded attention rows read slot 0 and 0 * NaN would poison them
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        for i, layer in enumerate(layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
-        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
-                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
 
     # ---- per step ----------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput) -> tuple[ForwardBatch, LogitsLayout]:
@@ -114,6 +107,7 @@ class ModelRunner:
             query_lens_cpu=qlens,
             seq_lens_cpu=slens,
         )
+        batch.kv_caches = self.kv_cache.layers
         batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev, self.dtype)
         return batch, LogitsLayout(rows)
 

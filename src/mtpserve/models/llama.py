@@ -25,7 +25,7 @@ from mtpserve.models.weights import check_all_loaded, load_weights
 class LlamaAttention(nn.Module):
     """Self-attention block: fused QKV projection, optional per-head q/k RMSNorm, RoPE, output."""
 
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, max_len: int):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer_idx: int):
         super().__init__()
         hf = cfg.hf_config
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
@@ -41,7 +41,7 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         scale = getattr(hf, "query_pre_attn_scalar", None)
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
-                              (scale or cfg.head_dim) ** -0.5)
+                              (scale or cfg.head_dim) ** -0.5, layer_idx)
 
     def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -68,10 +68,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, max_len: int):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary, max_len)
+        self.self_attn = LlamaAttention(cfg, rotary, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size,
                             bool(getattr(cfg.hf_config, "mlp_bias", False)))
@@ -86,8 +86,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.rotary = rotary = RotaryEmbedding(cfg.head_dim, cfg.head_dim, max_len, cfg.hf_config)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, max_len)
-                                    for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, i)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
