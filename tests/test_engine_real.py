@@ -72,6 +72,13 @@ def test_max_tokens_and_max_model_len(llm, story_ids):
     assert out2.finish_reason == "length"
 
 
+def test_one_token_request_finishes_right_after_prefill(llm, story_ids):
+    two = run(llm, story_ids, max_tokens=2, **GREEDY)
+    one = run(llm, story_ids, max_tokens=1, **GREEDY)
+    assert one.token_ids == two.token_ids[:1] and one.finish_reason == "length"
+    assert one.text == llm.tokenizer.decode(one.token_ids)
+
+
 def test_incremental_text_equals_decode(llm, story_ids):
     out = run(llm, story_ids, max_tokens=40, ignore_eos=True, **GREEDY)
     assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)

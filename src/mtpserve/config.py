@@ -88,6 +88,26 @@ class SpeculativeConfig:
     ngram_max: int = 4
     draft_model_path: str | None = None
 
+    ALGORITHMS = ("ngram", "draft", "nextn", "mtp", "forced_accept", "forced_reject")
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` naming the flag for settings that cannot work together."""
+        if self.algorithm not in self.ALGORITHMS:
+            raise ValueError(f"--speculative-algorithm must be one of {', '.join(self.ALGORITHMS)}"
+                             f", got {self.algorithm!r}")
+        if not 1 <= self.num_steps <= 16:
+            raise ValueError(f"--speculative-num-steps must be in [1, 16], got {self.num_steps}")
+        if self.num_draft_tokens is not None and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError(f"--speculative-num-draft-tokens must be --speculative-num-steps + 1 "
+                             f"= {self.num_steps + 1} (chain drafting; trees are not supported), "
+                             f"got {self.num_draft_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= --speculative-ngram-min ({self.ngram_min}) <= "
+                             f"--speculative-ngram-max ({self.ngram_max})")
+        if self.algorithm == "draft" and not self.draft_model_path:
+            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path "
+                             "(a model with the same tokenizer, or 'self')")
+
 
 @dataclass(frozen=True)
 class EngineConfig:

@@ -17,6 +17,9 @@ from mtpserve.engine.sequence import Sequence
 from mtpserve.engine.validation import validate_request
 from mtpserve.outputs import RequestOutput
 from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec import build_proposer
+from mtpserve.spec.metrics import SpecMetrics
+from mtpserve.spec.verify import VerifyInput, verify
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class LLMEngine:
         self.sampler = Sampler(mc.vocab_size, seed=config.seed)
         self.seqs: dict[str, Sequence] = {}
         self.device = self.runner.device
+        self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
+        self.proposer = build_proposer(config.speculative, self)
         logger.info("engine built in %.1f s (%s, %s, max_model_len %d)", time.perf_counter() - t0,
                     mc.model_type, self.runner.dtype, self.max_model_len)
 
@@ -90,9 +95,9 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request and free its blocks (no-op for an unknown or finished id)."""
-        seq = self.seqs.pop(request_id, None)
+        seq = self.seqs.get(request_id)
         if seq is not None:
-            self.scheduler.remove(seq)
+            self._drop(seq)
             seq.finish("abort")
 
     def has_unfinished_requests(self) -> bool:
@@ -100,37 +105,75 @@ class LLMEngine:
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one forward pass over the scheduled batch; return each touched request's delta."""
+        """Run one forward pass over the scheduled batch; return each touched request's delta.
+
+        Under speculation the proposer first drafts tokens for every decoding sequence; the
+        target then verifies all drafts in the same pass that decodes the others.
+        """
+        if self.proposer is not None:
+            self.proposer.propose([s for s in self.scheduler.running if not s.in_prefill])
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
         batch, layout = self.runner.prepare(sched)
-        _, logits = self.runner.execute(batch)
-        sampling = [s for s in sched.scheduled if s.samples]
+        hidden, logits = self.runner.execute(batch)
+        sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-        if sampling:  # a step of prefill chunks only samples nothing
-            result = self.sampler.sample(logits, [self._row(s.seq) for s in sampling])
-            token_ids = result.token_ids.tolist()
-            for i, s in enumerate(sampling):
-                lp = result.logprobs[i] if result.logprobs is not None else None
-                s.seq.append_token(token_ids[i], lp)
+        if any(s.draft_token_ids for s, _ in sampling):
+            self._verify(sampling, logits)
+        elif sampling:  # a step of prefill chunks only samples nothing
+            self._sample(sampling, logits)
+        if self.proposer is not None:
+            self.proposer.observe([s.seq for s in sched.scheduled], hidden, layout)
         outputs = []
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
         return outputs
 
-    def _row(self, seq: Sequence) -> SamplingRow:
-        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids,
-                           self.eos_token_ids)
+    def _sample(self, sampling, logits) -> None:
+        result = self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
+        token_ids = result.token_ids.tolist()
+        for i, (s, _) in enumerate(sampling):
+            lp = result.logprobs[i] if result.logprobs is not None else None
+            s.seq.append_token(token_ids[i], lp)
+
+    def _verify(self, sampling, logits) -> None:
+        items = []
+        for s, first in sampling:
+            seq, drafts = s.seq, s.draft_token_ids
+            rows = [self._row(seq, drafts[:i]) for i in range(len(drafts) + 1)]
+            q = seq.draft_probs[: len(drafts)] if seq.draft_probs is not None else None
+            items.append(VerifyInput(rows, first, drafts, q))
+        for (s, _), res in zip(sampling, verify(self.sampler, logits, items)):
+            seq = s.seq
+            seq.num_computed_tokens += res.num_accepted  # their K/V, written by this pass, stays
+            if s.draft_token_ids:
+                self.spec_metrics.record(len(s.draft_token_ids), res.num_accepted)
+                seq.spec.num_draft_tokens += len(s.draft_token_ids)
+                seq.spec.num_accepted_tokens += res.num_accepted
+                seq.spec.num_verify_steps += 1
+            for t, lp in zip(res.token_ids, res.logprobs):
+                if seq.append_token(t, lp):
+                    break
+
+    def _row(self, seq: Sequence, drafts: list[int] = ()) -> SamplingRow:
+        out = seq.output_token_ids + list(drafts) if drafts else seq.output_token_ids
+        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, out, self.eos_token_ids)
 
     def _postprocess(self, s: ScheduledSeq) -> list[RequestOutput]:
         seq = s.seq
+        seq.draft_token_ids, seq.draft_probs = [], None
         self.block_manager.register_full_blocks(seq)
         if seq.is_finished:
-            self.scheduler.remove(seq)
-            self.seqs.pop(seq.request_id, None)
+            self._drop(seq)
         return [seq.take_output()] if s.samples else []
+
+    def _drop(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        self.seqs.pop(seq.request_id, None)
+        if self.proposer is not None:
+            self.proposer.release(seq)
 
     # ---- utilities ---------------------------------------------------------------------------
     def warmup(self) -> None:
@@ -141,8 +184,10 @@ class LLMEngine:
         while rid in self.seqs:
             self.step()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict:
+        """Gauges and counters for /metrics and the periodic log line."""
         return {"num_running": len(self.scheduler.running),
                 "num_waiting": len(self.scheduler.waiting),
                 "kv_cache_usage": self.block_manager.usage(),
-                "num_preemptions": self.scheduler.num_preemptions}
+                "num_preemptions": self.scheduler.num_preemptions,
+                "spec": self.spec_metrics}

@@ -22,16 +22,16 @@ class ScheduledSeq:
     """``num_new_tokens`` of ``seq.token_ids`` from ``num_computed_tokens`` on, then its drafts.
 
     ``samples`` is True when this step reaches the sequence's newest token, so the forward pass
-    must produce logits for it (and for each draft).
+    must produce logits for it (and for each draft). It is fixed when the step is scheduled.
     """
 
     seq: Sequence
     num_new_tokens: int
     draft_token_ids: list[int]
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
     @property
     def num_query_tokens(self) -> int:

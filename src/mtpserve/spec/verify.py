@@ -1,0 +1,109 @@
+"""Verification of draft tokens: greedy matching and lossless speculative sampling.
+
+Speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding", Algorithm 1; Chen et al. 2023): for draft token x with draft probability q(x) and
+target probability p(x), accept with probability min(1, p(x) / q(x)); on the first rejection emit
+a token drawn from normalize(max(0, p - q)) and stop; if all drafts pass, emit a bonus token drawn
+from p at the position after the last draft. The emitted tokens are distributed exactly as if
+sampled from p one at a time. A deterministic proposer has a one-hot q. Greedy requests take the
+target's argmax at each position and accept while the draft equals it.
+
+p is the distribution the non-speculative sampler would use at that position (bias, penalties,
+min_tokens, temperature, top-k, top-p, min-p, with the drafts before it counted as output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtpserve.engine.sampler import Sampler, SamplingRow
+from mtpserve.outputs import TokenLogprob
+
+
+@dataclass
+class VerifyInput:
+    """One sequence's verification: ``rows`` are its ``1 + len(drafts)`` sampling rows (row i
+    predicts the token after ``drafts[:i]``), ``first_row`` their offset in the logits, and
+    ``draft_probs`` [len(drafts), V] the proposer's q (None: deterministic, one-hot)."""
+
+    rows: list[SamplingRow]
+    first_row: int
+    drafts: list[int]
+    draft_probs: Tensor | None
+
+
+@dataclass
+class VerifyResult:
+    """``token_ids`` to emit (accepted drafts, then one corrected or bonus token), their
+    ``logprobs`` (None entries when not asked), and ``num_accepted`` drafts."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+    num_accepted: int
+
+
+def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput]) -> list[VerifyResult]:
+    """Verify every sequence's drafts against the target's logits [N, V] (raw, float32)."""
+    rows = [r for it in items for r in it.rows]
+    order = [it.first_row + i for it in items for i in range(len(it.rows))]
+    raw = logits[torch.tensor(order, device=logits.device)] if order != list(range(len(order))) \
+        else logits
+    p = sampler.probs(sampler.process_logits(raw, rows), rows)
+    results, start = [], 0
+    for it in items:
+        n = len(it.rows)
+        p_seq = p[start:start + n]
+        if it.rows[0].params.greedy:
+            tokens, accepted = _verify_greedy(p_seq, it.drafts)
+        else:
+            tokens, accepted = _verify_sampled(sampler, p_seq, it)
+        lps = _logprobs(sampler, raw[start:start + len(tokens)], tokens, it.rows)
+        results.append(VerifyResult(tokens, lps, accepted))
+        start += n
+    return results
+
+
+def _verify_greedy(p: Tensor, drafts: list[int]) -> tuple[list[int], int]:
+    target = p.argmax(dim=-1).tolist()  # p is one-hot at the processed argmax for greedy rows
+    j = 0
+    while j < len(drafts) and drafts[j] == target[j]:
+        j += 1
+    return target[: j + 1], j
+
+
+def _verify_sampled(sampler: Sampler, p: Tensor, it: VerifyInput) -> tuple[list[int], int]:
+    gen = it.rows[0].generator or sampler.default_generator(p.device)
+    draws = torch.rand(len(it.drafts), generator=gen, device=p.device).tolist()
+    for i, x in enumerate(it.drafts):
+        q = it.draft_probs[i] if it.draft_probs is not None else None
+        qx = 1.0 if q is None else float(q[x])
+        px = float(p[i, x])
+        if qx > 0 and draws[i] < min(1.0, px / qx):
+            continue
+        residual = _residual(p[i], q, x)
+        t = int(sampler.draw(residual.unsqueeze(0), [it.rows[i]])[0])
+        return it.drafts[:i] + [t], i
+    bonus = int(sampler.draw(p[len(it.drafts)].unsqueeze(0), [it.rows[-1]])[0])
+    return it.drafts + [bonus], len(it.drafts)
+
+
+def _residual(p: Tensor, q: Tensor | None, x: int) -> Tensor:
+    """normalize(max(0, p - q)); for a one-hot q at x that is p without x."""
+    if q is None:
+        r = p.clone()
+        r[x] = 0.0
+    else:
+        r = (p - q).clamp_min(0.0)
+    total = r.sum()
+    return r / total if total > 0 else p  # p == q exactly: rejection has probability 0 anyway
+
+
+def _logprobs(sampler: Sampler, raw: Tensor, tokens: list[int], rows: list[SamplingRow]):
+    used = rows[: len(tokens)]
+    if all(r.params.logprobs is None for r in used):
+        return [None] * len(tokens)
+    ids = torch.tensor(tokens, device=raw.device)
+    return sampler.logprobs(raw, ids, used)
