@@ -1,0 +1,55 @@
+"""Running an app under uvicorn in a background thread on a free port (tests, benchmarks).
+
+The foreground server of ``mtpserve serve`` is :func:`mtpserve.server.api.run_server`."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+
+class BackgroundServer:
+    """Serve ``app`` with uvicorn in a daemon thread on ``host`` and a free port.
+
+    Use as a context manager; ``url`` is ``http://host:port``. The app's lifespan runs, so an app
+    from :func:`mtpserve.server.api.build_app` starts (and at exit stops) its engine.
+
+    Raises:
+        RuntimeError: from ``__enter__`` when uvicorn did not start within ``start_timeout_s``.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", start_timeout_s: float = 60.0):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        cfg = uvicorn.Config(app, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(cfg)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="mtpserve-http", daemon=True)
+        self._start_timeout_s = start_timeout_s
+
+    def __enter__(self) -> "BackgroundServer":
+        self._thread.start()
+        deadline = time.monotonic() + self._start_timeout_s
+        while (not self._server.started and self._thread.is_alive()
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        if not self._server.started:
+            self.stop()
+            raise RuntimeError(f"uvicorn did not start on {self.url}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask uvicorn to exit (runs the app's shutdown) and wait for the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
