@@ -1,0 +1,82 @@
+"""The server over a speculative engine (forced-accept proposer, k = 3, real SmolLM2): deltas of
+several tokens, exact usage, and the ``mtpserve.spec`` extension on the response / final chunk."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import pytest
+
+from mtpserve.config import EngineConfig, SpeculativeConfig
+from mtpserve.server.api import build_app, make_engine
+from mtpserve.server.runner import BackgroundServer
+from mtpserve.server.wait_ready import wait_ready
+
+MODEL = "smol-spec"
+K = 3
+
+
+@pytest.fixture(scope="module")
+def http():
+    cfg = EngineConfig(max_model_len=128, speculative=SpeculativeConfig("forced_accept", num_steps=K))
+    with BackgroundServer(build_app(make_engine(cfg), served_model_name=MODEL)) as srv:
+        log = io.StringIO()
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=log) == 0, log.getvalue()
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            yield c
+
+
+BODY = {"model": MODEL, "prompt": [28, 253, 2683, 359], "max_tokens": 9, "temperature": 0,
+        "ignore_eos": True}
+
+
+def sse_chunks(http, body: dict) -> list[dict]:
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+def test_extension_on_the_response(http):
+    r = http.post("/v1/completions", json=BODY).json()
+    spec = r["mtpserve"]["spec"]
+    assert r["usage"]["completion_tokens"] == 9
+    assert spec["num_verify_steps"] >= 1
+    assert spec["num_accepted_tokens"] == spec["num_draft_tokens"]  # forced accept
+    assert spec["num_draft_tokens"] <= K * spec["num_verify_steps"]
+    assert spec["acceptance_length"] == pytest.approx(
+        (spec["num_accepted_tokens"] + spec["num_verify_steps"]) / spec["num_verify_steps"])
+
+
+def test_stream_counts_multi_token_deltas_exactly(http):
+    full = http.post("/v1/completions", json=BODY).json()
+    chunks = sse_chunks(http, {**BODY, "stream": True, "logprobs": 0,
+                               "stream_options": {"include_usage": True}})
+    per_chunk = [len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks
+                 if c["choices"] and c["choices"][0]["logprobs"]]
+    assert sum(per_chunk) == 9 and max(per_chunk) > 1
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == \
+        full["choices"][0]["text"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == full["usage"]
+    assert chunks[-1]["mtpserve"] == full["mtpserve"]
+    assert all("mtpserve" not in c for c in chunks[:-1])
+
+
+def test_stream_without_usage_puts_the_extension_on_the_last_finish_chunk(http):
+    full = http.post("/v1/completions", json={**BODY, "n": 2}).json()
+    chunks = sse_chunks(http, {**BODY, "n": 2, "stream": True})
+    finals = [c for c in chunks if c["choices"][0]["finish_reason"] is not None]
+    assert sorted(c["choices"][0]["index"] for c in finals) == [0, 1]
+    assert chunks[-1] is finals[-1] and chunks[-1]["mtpserve"] == full["mtpserve"]
+    assert all("mtpserve" not in c for c in chunks[:-1])
+
+
+def test_extension_sums_the_choices(http):
+    one = http.post("/v1/completions", json=BODY).json()["mtpserve"]["spec"]
+    two = http.post("/v1/completions", json={**BODY, "n": 2}).json()["mtpserve"]["spec"]
+    for key in ("num_draft_tokens", "num_accepted_tokens", "num_verify_steps"):
+        assert two[key] == 2 * one[key]
+    assert two["acceptance_length"] == pytest.approx(one["acceptance_length"])
