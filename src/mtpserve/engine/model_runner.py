@@ -11,6 +11,7 @@ from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
 from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.scheduler import SchedulerOutput
+from mtpserve.kernels import cpu_linear
 from mtpserve.kernels.paged_attention import build_torch_metadata
 from mtpserve.models.registry import model_class
 
@@ -60,6 +61,9 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(prev)
         model.load_weights((n, t.to(self.dtype)) for n, t in files.iter_weights())
+        added = cpu_linear.pack_model_linears(model)
+        if added:
+            logger.info("packed float32 CPU weights for multi-row matmuls (+%.0f MiB)", added / 2**20)
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:

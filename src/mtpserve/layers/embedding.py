@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+from mtpserve.kernels import cpu_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -45,8 +46,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     ``forward(hidden [N, H]) -> logits [N, vocab] float32`` (gathered over TP ranks).
     """
 
+    packed: torch.Tensor | None = None  # see kernels/cpu_linear.py
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight).float()
+        logits = cpu_linear.linear(hidden, self.weight, None, self.packed).float()
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, logits)

@@ -10,10 +10,10 @@ plain ``F.linear``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+from mtpserve.kernels import cpu_linear
 
 
 def _divide(n: int, d: int) -> int:
@@ -36,11 +36,14 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    # CPU float32 only: MKL-prepacked weights for calls with several rows (kernels/cpu_linear.py)
+    packed: torch.Tensor | None = None
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return cpu_linear.linear(x, self.weight, self.bias, self.packed)
 
 
 class ReplicatedLinear(LinearBase):
@@ -120,5 +123,5 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(F.linear(x, self.weight))
+        y = tp_all_reduce(cpu_linear.linear(x, self.weight, None, self.packed))
         return y if self.bias is None else y + self.bias
