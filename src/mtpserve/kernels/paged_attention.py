@@ -26,7 +26,8 @@ class PaddedGroup:
     (None when no padding is needed: every sequence has ``max_q`` query tokens);
     ``kv_index`` [Bg, max_ctx] int64: cache slot of each context position (padding reads slot 0);
     ``mask`` [Bg, 1, max_q, max_ctx] additive float mask: 0 where a query may attend a key, -inf
-    elsewhere (built once per step in the attention dtype).
+    elsewhere (built once per step in the attention dtype); None for a single decoding sequence,
+    which attends to all of its context.
     """
 
     token_index: torch.Tensor | None
@@ -34,7 +35,7 @@ class PaddedGroup:
     batch: int
     max_q: int
     kv_index: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
 
 
 @dataclass
@@ -83,8 +84,12 @@ def _group(seqs, starts, query_lens, seq_lens, block_tables, block_size, device,
     i = torch.arange(max_q, device=device)
     qpos = (ctx - qlen_t).unsqueeze(1) + i.unsqueeze(0)          # [Bg, max_q]
     qpos = torch.where(i.unsqueeze(0) < qlen_t.unsqueeze(1), qpos, 0)  # padding rows see key 0
-    allowed = (pos.view(1, 1, -1) <= qpos.unsqueeze(-1)).unsqueeze(1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, -torch.inf)
+    if len(seqs) == 1 and max_q == 1:
+        mask = None  # one decoding sequence attends to its whole context
+    else:
+        allowed = (pos.view(1, 1, -1) <= qpos.unsqueeze(-1)).unsqueeze(1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~allowed, -torch.inf)
     return PaddedGroup(token_index, pad_index, len(seqs), max_q, kv_index, mask)
 
 

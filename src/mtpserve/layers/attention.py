@@ -14,8 +14,9 @@ class Attention(nn.Module):
 
     The caches come with the batch: ``batch.kv_caches[layer_idx]`` is this layer's (K, V), each
     [num_slots, num_kv_heads, head_dim] (slots = blocks x block_size), so one model can run over
-    several KV pools (the target's, and a self-drafting proposer's). ``forward(q [T, Hq*D],
-    k [T, Hkv*D], v [T, Hkv*D], batch)`` returns [T, Hq*D].
+    several KV pools (the target's, and a self-drafting proposer's). ``forward(q, k, v, batch)``
+    takes q as [T, Hq, D] or [T, Hq*D] and k, v as [T, Hkv, D] or [T, Hkv*D] (views are fine);
+    it returns [T, Hq*D].
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
@@ -28,9 +29,9 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
         T = q.shape[0]
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+        q = q.reshape(T, self.num_heads, self.head_dim)
+        k = k.reshape(T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = batch.kv_caches[self.layer_idx]
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         out = paged_attention_ref(q, k_cache, v_cache, batch.attn, self.scale)

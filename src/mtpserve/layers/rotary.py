@@ -44,9 +44,9 @@ class RotaryEmbedding(nn.Module):
     """Applies RoPE to the first ``rotary_dim`` channels of each head (the rest pass through).
 
     cos/sin are precomputed in float32 for ``max_position`` positions. A forward pass looks them
-    up once (``lookup(positions [T] int64)`` -> (cos, sin), each [T, 1, rotary_dim]) and every
-    layer then calls ``apply(q [T, Hq, D], k [T, Hk, D], cos_sin)``, which returns rotated
-    (q, k) with the same shapes and dtypes.
+    up once (``lookup(positions [T] int64, dtype)``) and every layer then calls
+    ``apply(x [T, H, D], cos_sin)`` on its queries and keys stacked along H, which returns the
+    rotated tensor (same shape and dtype).
     """
 
     def __init__(self, head_dim: int, rotary_dim: int, max_position: int, hf_config: Any):
@@ -60,18 +60,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype):
-        return (self.cos[positions].unsqueeze(1).to(dtype),
-                self.sin[positions].unsqueeze(1).to(dtype))
+        """(cos, signed sin), each [T, 1, rotary_dim] in ``dtype``; the sin's first half is
+        negated so that rotate_half(x) * sin == roll(x, rotary_dim / 2) * signed_sin."""
+        half = self.rotary_dim // 2
+        sin = self.sin[positions].clone()
+        sin[:, :half].neg_()
+        return self.cos[positions].unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply(self, x: torch.Tensor, cos_sin) -> torch.Tensor:
+        """Rotate ``x`` [T, H, D] (queries and keys may be stacked along H)."""
         cos, sin = cos_sin
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim
         rot = x[..., :r] if r != self.head_dim else x
-        x1, x2 = rot.chunk(2, dim=-1)
-        out = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
+        out = rot * cos + rot.roll(r // 2, dims=-1) * sin
         if r == self.head_dim:
             return out
         return torch.cat([out, x[..., r:]], dim=-1)

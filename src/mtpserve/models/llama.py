@@ -44,14 +44,14 @@ class LlamaAttention(nn.Module):
                               (scale or cfg.head_dim) ** -0.5, layer_idx)
 
     def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        T = x.shape[0]
-        q = q.reshape(T, -1, self.head_dim)
-        k = k.reshape(T, -1, self.head_dim)
+        qkv = self.qkv_proj(x)
+        T, nq = x.shape[0], self.attn.num_heads
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, -1, self.head_dim)
         if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary.apply(q, k, rope)
-        return self.o_proj(self.attn(q.reshape(T, -1), k.reshape(T, -1), v, batch))
+            qk = torch.cat([self.q_norm(qk[:, :nq]), self.k_norm(qk[:, nq:])], dim=1)
+        qk = self.rotary.apply(qk, rope)   # queries and keys rotated together
+        v = qkv[:, self.q_size + self.kv_size:]
+        return self.o_proj(self.attn(qk[:, :nq], qk[:, nq:], v, batch))
 
 
 class LlamaMLP(nn.Module):
