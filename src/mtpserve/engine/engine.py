@@ -52,10 +52,15 @@ class LLMEngine:
         self.eos_token_ids = tuple(sorted(eos))
         self.runner = ModelRunner(config, mc, files, self.max_model_len)
         self._check_kv_capacity()
+        state = self.runner.state_cache
+        prefix_caching = config.enable_prefix_caching and state is None
+        if config.enable_prefix_caching and state is not None:
+            logger.info("prefix caching is off: recurrent state is only known at the end of a "
+                        "sequence, so a cached prefix would be recomputed anyway")
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
+                                   config.max_num_batched_tokens, state)
         self.sampler = Sampler(mc.vocab_size, seed=config.seed)
         self.seqs: dict[str, Sequence] = {}
         self.device = self.runner.device
@@ -145,9 +150,14 @@ class LLMEngine:
             rows = [self._row(seq, drafts[:i]) for i in range(len(drafts) + 1)]
             q = seq.draft_probs[: len(drafts)] if seq.draft_probs is not None else None
             items.append(VerifyInput(rows, first, drafts, q))
+        state, row = self.runner.state_cache, 0
         for (s, _), res in zip(sampling, verify(self.sampler, logits, items)):
             seq = s.seq
             seq.num_computed_tokens += res.num_accepted  # their K/V, written by this pass, stays
+            if state is not None and s.draft_token_ids:
+                if res.num_accepted < len(s.draft_token_ids):  # roll the state back
+                    state.commit(seq.state_slot, row, res.num_accepted)
+                row += 1
             if s.draft_token_ids:
                 self.spec_metrics.record(len(s.draft_token_ids), res.num_accepted)
                 seq.spec.num_draft_tokens += len(s.draft_token_ids)

@@ -10,6 +10,7 @@ import torch
 from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
 from mtpserve.engine.kv_cache import KVCache
+from mtpserve.engine.state_cache import LinearAttnMetadata, StateCache
 from mtpserve.engine.scheduler import SchedulerOutput
 from mtpserve.kernels import cpu_linear
 from mtpserve.kernels.paged_attention import build_torch_metadata
@@ -49,6 +50,7 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         self.kv_cache = KVCache(self._kv_shape[0], self.num_blocks, self.block_size,
                                 *self._kv_shape[1:], self.dtype, self.device)
+        self.state_cache = self._state_cache()
 
     # ---- start-up ------------------------------------------------------------------------
     def _load_model(self, files, max_model_len: int) -> torch.nn.Module:
@@ -65,6 +67,17 @@ class ModelRunner:
         if added:
             logger.info("packed float32 CPU weights for multi-row matmuls (+%.0f MiB)", added / 2**20)
         return model.eval()
+
+    def _state_cache(self) -> StateCache | None:
+        """Recurrent-state slots for hybrid models (one per schedulable request), else None."""
+        layers = getattr(self.model, "linear_attention_layers", lambda: [])()
+        if not layers:
+            return None
+        spec = self.config.speculative
+        k = spec.num_steps if spec is not None else 0
+        n = self.config.max_num_seqs
+        return StateCache(len(layers), layers[0].state_shape, n, self.dtype,
+                          torch.float32, self.device, max_drafts=k, scratch_rows=n)
 
     def kv_bytes_per_block(self) -> int:
         return KVCache.bytes_per_block(self._kv_shape[0], self.block_size, *self._kv_shape[1:],
@@ -112,8 +125,20 @@ class ModelRunner:
             seq_lens_cpu=slens,
         )
         batch.kv_caches = self.kv_cache.layers
+        if self.state_cache is not None:
+            batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
         batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev, self.dtype)
         return batch, LogitsLayout(rows)
+
+    def _linear_attn_metadata(self, sched: SchedulerOutput) -> LinearAttnMetadata:
+        slots = [s.seq.state_slot for s in sched.scheduled]
+        rows, n = [], 0
+        for s in sched.scheduled:
+            rows.append(n if s.draft_token_ids else -1)
+            n += bool(s.draft_token_ids)
+        return LinearAttnMetadata(self.state_cache,
+                                  torch.tensor(slots, dtype=torch.int64, device=self.device),
+                                  slots, rows)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:

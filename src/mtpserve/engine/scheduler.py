@@ -53,12 +53,15 @@ class Scheduler:
 
     Args:
         block_manager: the KV pool; max_num_seqs: most sequences per step;
-        max_num_batched_tokens: token budget per step (prefills are chunked to fit it).
+        max_num_batched_tokens: token budget per step (prefills are chunked to fit it);
+        state_cache: the recurrent-state pool of a hybrid model (a slot per running sequence,
+            taken on admission, returned on preemption or finish).
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, state_cache=None):
         self.bm = block_manager
+        self.state_cache = state_cache  # hybrid models: a recurrent-state slot per running request
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -77,7 +80,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
         self.bm.free_seq(seq)
+        if seq.state_slot is not None:
+            self.state_cache.free(seq.state_slot)
+            seq.state_slot = None
 
     # ---- scheduling --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -111,7 +120,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        self.bm.free_seq(seq)
+        self._release(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
         seq.draft_token_ids = []
@@ -127,6 +136,10 @@ class Scheduler:
                 seq.num_computed_tokens = self.bm.match_prefix(seq)
                 if not seq.output_token_ids:  # a resumed (preempted) request keeps its first count
                     seq.num_cached_tokens = seq.num_computed_tokens
+            if self.state_cache is not None and seq.state_slot is None:
+                seq.state_slot = self.state_cache.alloc()
+                if seq.state_slot is None:
+                    break
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.bm.allocate(seq, seq.num_computed_tokens + n):
                 if not self.running:  # unreachable: the engine checks that one sequence fits

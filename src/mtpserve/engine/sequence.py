@@ -48,6 +48,7 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
+        self.state_slot: int | None = None   # recurrent-state slot (hybrid models)
         self.draft_token_ids: list[int] = []
         self.draft_probs: torch.Tensor | None = None
         self.spec = SpecStats()

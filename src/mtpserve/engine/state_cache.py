@@ -1,0 +1,113 @@
+"""Recurrent state of linear-attention (Gated DeltaNet) layers: one slot per running request.
+
+Per linear-attention layer i:
+- ``conv[i]``: [num_slots, conv_dim, kernel - 1] in the model dtype: the last ``kernel - 1``
+  inputs of the short causal convolution (the conv window);
+- ``ssm[i]``: [num_slots, num_v_heads, head_k_dim, head_v_dim] in ``ssm_dtype`` (float32 by
+  default): the delta-rule state S (keys x values).
+
+Speculative verify uses *snapshot + scatter* (DESIGN.md): a layer always writes the state after a
+sequence's last query token into its slot, and for sequences that verify drafts it also writes the
+state after *each* query token into ``conv_scratch[i]`` / ``ssm_scratch[i]`` ([rows, k + 1, ...]).
+After accepting j of k drafts, :meth:`StateCache.commit` copies position j's state into the slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LinearAttnShape:
+    """Sizes of one Gated DeltaNet layer's state (all layers of a model share them)."""
+
+    conv_dim: int
+    kernel: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+
+
+class StateCache:
+    """Slots of conv and SSM state for ``num_layers`` linear-attention layers.
+
+    Args:
+        num_slots: most requests holding state at once; max_drafts: k (0: no speculation);
+        scratch_rows: most sequences verifying drafts in one step.
+    """
+
+    def __init__(self, num_layers: int, shape: LinearAttnShape, num_slots: int, dtype: torch.dtype,
+                 ssm_dtype: torch.dtype, device: torch.device, max_drafts: int = 0,
+                 scratch_rows: int = 0):
+        s = shape
+        self.shape, self.num_slots = shape, num_slots
+        conv_shape = (s.conv_dim, s.kernel - 1)
+        ssm_shape = (s.num_v_heads, s.head_k_dim, s.head_v_dim)
+        self.conv = [torch.zeros(num_slots, *conv_shape, dtype=dtype, device=device)
+                     for _ in range(num_layers)]
+        self.ssm = [torch.zeros(num_slots, *ssm_shape, dtype=ssm_dtype, device=device)
+                    for _ in range(num_layers)]
+        rows, pos = (scratch_rows, max_drafts + 1) if max_drafts else (0, 0)
+        self.conv_scratch = [torch.zeros(rows, pos, *conv_shape, dtype=dtype, device=device)
+                             for _ in range(num_layers)]
+        self.ssm_scratch = [torch.zeros(rows, pos, *ssm_shape, dtype=ssm_dtype, device=device)
+                            for _ in range(num_layers)]
+        self._free = list(range(num_slots - 1, -1, -1))
+        logger.info("recurrent state: %d slots x %d layers (%.1f MiB, %.1f MiB per request)",
+                    num_slots, num_layers, self.nbytes / 2**20,
+                    self.bytes_per_slot(num_layers, shape, dtype, ssm_dtype) / 2**20)
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, s: LinearAttnShape, dtype: torch.dtype,
+                       ssm_dtype: torch.dtype) -> int:
+        """Bytes one request's state takes over all linear-attention layers."""
+        conv = s.conv_dim * (s.kernel - 1) * (torch.finfo(dtype).bits // 8)
+        ssm = s.num_v_heads * s.head_k_dim * s.head_v_dim * (torch.finfo(ssm_dtype).bits // 8)
+        return num_layers * (conv + ssm)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.conv + self.ssm + self.conv_scratch
+                   + self.ssm_scratch)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        """A zeroed slot for a request starting from its first token, or None when all are taken."""
+        if not self._free:
+            return None
+        slot = self._free.pop()
+        for t in self.conv + self.ssm:
+            t[slot].zero_()
+        return slot
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def commit(self, slot: int, scratch_row: int, position: int) -> None:
+        """Make ``slot`` hold the state after query token ``position`` of a verify step."""
+        for i in range(len(self.conv)):
+            self.conv[i][slot].copy_(self.conv_scratch[i][scratch_row, position])
+            self.ssm[i][slot].copy_(self.ssm_scratch[i][scratch_row, position])
+
+
+@dataclass
+class LinearAttnMetadata:
+    """What linear-attention layers read from ``batch.extra["linear_attn"]``.
+
+    ``slots`` [B] int64: each sequence's state slot (read as the initial state, overwritten with
+    the state after its last query token). ``scratch_rows`` (host list, one per sequence): the
+    scratch row to write per-token states to, or -1 when the sequence verifies no drafts.
+    """
+
+    cache: StateCache
+    slots: torch.Tensor
+    slots_cpu: list[int]
+    scratch_rows: list[int]
