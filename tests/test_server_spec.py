@@ -80,3 +80,71 @@ def test_extension_sums_the_choices(http):
     for key in ("num_draft_tokens", "num_accepted_tokens", "num_verify_steps"):
         assert two[key] == 2 * one[key]
     assert two["acceptance_length"] == pytest.approx(one["acceptance_length"])
+
+
+# ---- stops inside accepted blocks, over HTTP, against a server without speculation -------------
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    cfg = EngineConfig(max_model_len=128)
+    with BackgroundServer(build_app(make_engine(cfg), served_model_name=MODEL)) as srv:
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == 0
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            yield c
+
+
+def chat_result(client, body: dict, stream: bool) -> dict:
+    """text, token ids, logprobs, finish/stop reason, usage and spec stats of one chat request."""
+    body = {"model": MODEL, "messages": QUESTION, "temperature": 0, "logprobs": True,
+            "top_logprobs": 1, "return_token_ids": True, **body}
+    if not stream:
+        r = client.post("/v1/chat/completions", json=body).json()
+        c = r["choices"][0]
+        return {"text": c["message"]["content"], "ids": c["token_ids"],
+                "logprobs": [t["logprob"] for t in c["logprobs"]["content"]],
+                "tokens": [t["token"] for t in c["logprobs"]["content"]],
+                "finish": (c["finish_reason"], c["stop_reason"]), "usage": r["usage"],
+                "spec": r.get("mtpserve", {}).get("spec")}
+    body.update(stream=True, stream_options={"include_usage": True})
+    with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines()
+                  if line and line != "data: [DONE]"]
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    finishes = [(c["finish_reason"], c["stop_reason"]) for c in choices if c["finish_reason"]]
+    assert len(finishes) == 1
+    lps = [t for c in choices if c["logprobs"] for t in c["logprobs"]["content"]]
+    return {"text": "".join(c["delta"].get("content", "") for c in choices),
+            "ids": [t for c in choices for t in c.get("token_ids", [])],
+            "logprobs": [t["logprob"] for t in lps], "tokens": [t["token"] for t in lps],
+            "finish": finishes[0], "usage": chunks[-1]["usage"],
+            "spec": chunks[-1].get("mtpserve", {}).get("spec")}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stops_inside_accepted_blocks_over_http(http, plain, stream):
+    full = chat_result(plain, {"max_tokens": 20}, stream=False)
+    assert full["text"] == "The capital of France is Paris." and full["finish"] == ("stop", None)
+    paris = full["ids"][5]
+    cases = {  # request extras -> index of the output token that ends the request
+        "stop string": ({"stop": ["of Fr"]}, 3),
+        "stop token": ({"stop_token_ids": [paris]}, 5),
+        "eos": ({"max_tokens": 20}, 7),
+        "max_tokens": ({"max_tokens": 6}, 5),
+    }
+    for name, (extra, end) in cases.items():
+        # token 0 comes from the prefill, then blocks of k drafts + 1 bonus: not a block's end
+        assert (end - 1) % (K + 1) != K, name
+        ref = chat_result(plain, extra, stream)
+        got = chat_result(http, extra, stream)
+        assert len(ref["ids"]) == end + 1 and ref["usage"]["completion_tokens"] == end + 1, name
+        for key in ("text", "ids", "tokens", "finish"):
+            assert got[key] == ref[key], (name, key)
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):  # cache hits differ
+            assert got["usage"][key] == ref["usage"][key], (name, key)
+        assert max(abs(a - b) for a, b in zip(got["logprobs"], ref["logprobs"])) <= 1e-4, name
+        assert got["spec"]["num_accepted_tokens"] == got["spec"]["num_draft_tokens"] > 0, name
+        assert ref["spec"] is None
+    assert chat_result(plain, {"stop": ["of Fr"]}, stream)["text"] == "The capital "

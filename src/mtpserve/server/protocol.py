@@ -4,7 +4,8 @@ Strict mode: a JSON string is not accepted where a number is expected, ``1.5`` i
 and ``1`` is not a boolean; integers are accepted for float fields. Unknown fields are ignored
 (OpenAI clients send many we do not use). Besides the OpenAI fields the requests accept vLLM's
 sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
-``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``).
+``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``, ``return_token_ids``).
+Every choice carries vLLM's ``stop_reason``: the stop string or token id that ended it.
 
 The prompt of a completion request and the content of a chat message are typed ``Any`` here and
 checked by the serving code, which gives clearer messages than a failed union.
@@ -64,6 +65,8 @@ class SamplingRequest(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # vLLM extension: each choice (and each stream chunk) also carries its new token ids
+    return_token_ids: bool = False
 
 
 class ChatCompletionRequest(SamplingRequest):

@@ -17,7 +17,7 @@ from mtpserve.server.metrics import ServerMetrics
 from mtpserve.server.model_context import ModelContext
 from mtpserve.server.protocol import MAX_TOP_LOGPROBS, ChatCompletionRequest, ChatMessage
 from mtpserve.server.sampling import fit_context, sampling_params
-from mtpserve.server.serving_common import Run, check_model, new_id, sse
+from mtpserve.server.serving_common import Run, check_model, new_id, sse, with_token_ids
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -131,7 +131,8 @@ class ChatServing:
         rid = new_id("chatcmpl")
         run = Run(self.engine, self.metrics, fan_out(rid, [ids], [params]), params.n, arrival)
         fmt = _ChatFormat(run, rid, ctx.name, self._strings_for(ctx) if req.logprobs else None,
-                          bool(req.stream_options and req.stream_options.include_usage))
+                          bool(req.stream_options and req.stream_options.include_usage),
+                          req.return_token_ids)
         if req.stream:
             return StreamingResponse(run.stream(fmt.render, fmt.head(), fmt.tail),
                                      media_type="text/event-stream")
@@ -143,8 +144,9 @@ class _ChatFormat:
     """Builds the chat.completion object and the chat.completion.chunk events of one run."""
 
     def __init__(self, run: Run, rid: str, model: str, strings: TokenStrings | None,
-                 include_usage: bool):
+                 include_usage: bool, token_ids: bool = False):
         self.run, self.rid, self.model = run, rid, model
+        self.token_ids = token_ids
         self.strings = strings
         self.include_usage = include_usage
         self._open = len(run.reqs)
@@ -155,10 +157,11 @@ class _ChatFormat:
     def response(self) -> dict:
         st = self.run.state
         body = self._base("chat.completion")
-        body["choices"] = [{
+        body["choices"] = [with_token_ids({
             "index": c.index, "message": {"role": "assistant", "content": c.text},
             "logprobs": chat_logprobs(self.strings, c.logprobs or []) if self.strings else None,
-            "finish_reason": c.finish_reason} for c in st.choices]
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason},
+            c.token_ids if self.token_ids else None) for c in st.choices]
         body["usage"] = st.usage()
         ext = st.extension()
         if ext is not None:
@@ -182,14 +185,16 @@ class _ChatFormat:
     def render(self, index: int, out: RequestOutput) -> list[str]:
         lp = (chat_logprobs(self.strings, out.new_logprobs)
               if self.strings is not None and out.new_logprobs else None)
-        if not (out.new_text or out.finished or lp is not None):
+        ids = out.new_token_ids if self.token_ids else None
+        if not (out.new_text or out.finished or lp is not None or ids):
             return []
         delta = {"content": out.new_text} if out.new_text or lp is not None else {}
         self._open -= out.finished
         last = out.finished and self._open == 0 and not self.include_usage
-        return [self._chunk([{"index": index, "delta": delta, "logprobs": lp,
-                              "finish_reason": out.finish_reason if out.finished else None}],
-                            last=last)]
+        choice = {"index": index, "delta": delta, "logprobs": lp,
+                  "finish_reason": out.finish_reason if out.finished else None,
+                  "stop_reason": out.stop_reason if out.finished else None}
+        return [self._chunk([with_token_ids(choice, ids)], last=last)]
 
     def tail(self) -> list[str]:
         if not self.include_usage:

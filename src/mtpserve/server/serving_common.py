@@ -57,6 +57,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def with_token_ids(choice: dict, token_ids: list[int] | None) -> dict:
+    """Add vLLM's ``token_ids`` extension to a choice when it was asked for."""
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
+    return choice
+
+
 def sse(obj: dict) -> str:
     """One server-sent event carrying ``obj`` as JSON."""
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"

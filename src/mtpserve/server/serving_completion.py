@@ -18,7 +18,7 @@ from mtpserve.server.metrics import ServerMetrics
 from mtpserve.server.model_context import ModelContext
 from mtpserve.server.protocol import CompletionRequest
 from mtpserve.server.sampling import check_token_ids, fit_context, sampling_params
-from mtpserve.server.serving_common import Run, check_model, new_id, sse
+from mtpserve.server.serving_common import Run, check_model, new_id, sse, with_token_ids
 
 _PROMPT_KINDS = ("prompt must be a string, a list of strings, a list of token ids, or a list of "
                  "lists of token ids")
@@ -104,7 +104,8 @@ class CompletionServing:
         echo = _echo_texts(req.prompt, prompts, ctx) if req.echo else None
         strings = self._strings_for(ctx) if req.logprobs is not None else None
         fmt = _CompletionFormat(run, rid, ctx.name, strings, echo,
-                                bool(req.stream_options and req.stream_options.include_usage))
+                                bool(req.stream_options and req.stream_options.include_usage),
+                                req.return_token_ids)
         if req.stream:
             return StreamingResponse(run.stream(fmt.render, fmt.head(), fmt.tail),
                                      media_type="text/event-stream")
@@ -126,8 +127,9 @@ class _CompletionFormat:
     """Builds the text_completion object and its stream chunks for one run."""
 
     def __init__(self, run: Run, rid: str, model: str, strings: TokenStrings | None,
-                 echo: list[str] | None, include_usage: bool):
+                 echo: list[str] | None, include_usage: bool, token_ids: bool = False):
         self.run, self.rid, self.model = run, rid, model
+        self.token_ids = token_ids
         self.strings = strings
         self.include_usage = include_usage
         n = run.state.n
@@ -143,10 +145,11 @@ class _CompletionFormat:
     def response(self) -> dict:
         st = self.run.state
         body = self._base()
-        body["choices"] = [{
+        body["choices"] = [with_token_ids({
             "index": c.index, "text": self.prefix[c.index] + c.text,
             "logprobs": self.lp[c.index].build(c.logprobs or []) if self.lp else None,
-            "finish_reason": c.finish_reason} for c in st.choices]
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason},
+            c.token_ids if self.token_ids else None) for c in st.choices]
         body["usage"] = st.usage()
         ext = st.extension()
         if ext is not None:
@@ -170,13 +173,15 @@ class _CompletionFormat:
     def render(self, index: int, out: RequestOutput) -> list[str]:
         lp = (self.lp[index].build(out.new_logprobs)
               if self.lp is not None and out.new_logprobs else None)
-        if not (out.new_text or out.finished or lp is not None):
+        ids = out.new_token_ids if self.token_ids else None
+        if not (out.new_text or out.finished or lp is not None or ids):
             return []
         self._open -= out.finished
         last = out.finished and self._open == 0 and not self.include_usage
-        return [self._chunk([{"index": index, "text": out.new_text, "logprobs": lp,
-                              "finish_reason": out.finish_reason if out.finished else None}],
-                            last=last)]
+        choice = {"index": index, "text": out.new_text, "logprobs": lp,
+                  "finish_reason": out.finish_reason if out.finished else None,
+                  "stop_reason": out.stop_reason if out.finished else None}
+        return [self._chunk([with_token_ids(choice, ids)], last=last)]
 
     def tail(self) -> list[str]:
         if not self.include_usage:
