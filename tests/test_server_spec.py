@@ -148,3 +148,35 @@ def test_stops_inside_accepted_blocks_over_http(http, plain, stream):
         assert got["spec"]["num_accepted_tokens"] == got["spec"]["num_draft_tokens"] > 0, name
         assert ref["spec"] is None
     assert chat_result(plain, {"stop": ["of Fr"]}, stream)["text"] == "The capital "
+
+
+def spec_metrics(client) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(client.get("/metrics").text):
+        if fam.name.startswith("mtpserve:spec_decode_"):
+            for s in fam.samples:
+                key = s.name + (f"{{le={s.labels['le']}}}" if "le" in s.labels else "")
+                out[key] = s.value
+    return out
+
+
+def test_spec_metrics_count_exactly(http, plain):
+    before = spec_metrics(http)
+    r = http.post("/v1/completions", json=BODY).json()["mtpserve"]["spec"]
+    after = spec_metrics(http)
+    p = "mtpserve:spec_decode_"
+    assert after[p + "num_draft_tokens_total"] - before[p + "num_draft_tokens_total"] == \
+        r["num_draft_tokens"]
+    assert after[p + "num_accepted_tokens_total"] - before[p + "num_accepted_tokens_total"] == \
+        r["num_accepted_tokens"]
+    steps = after[p + "num_verify_steps_total"] - before[p + "num_verify_steps_total"]
+    assert steps == r["num_verify_steps"]
+    hist = p + "accepted_tokens_per_step"
+    assert after[hist + "_count"] - before[hist + "_count"] == steps
+    assert after[hist + "_sum"] - before[hist + "_sum"] == r["num_accepted_tokens"]
+    # forced accept with k = 3 and 9 tokens: full blocks accept 3, the last one what room allows
+    full = after[hist + "_bucket{le=3.0}"] - after[hist + "_bucket{le=2.0}"]
+    assert full - (before[hist + "_bucket{le=3.0}"] - before[hist + "_bucket{le=2.0}"]) >= 1
+    assert spec_metrics(plain) == {}  # no speculation, no spec metrics

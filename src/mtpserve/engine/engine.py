@@ -14,6 +14,7 @@ from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.sampler import Sampler, SamplingRow
 from mtpserve.engine.scheduler import ScheduledSeq, Scheduler
 from mtpserve.engine.sequence import Sequence
+from mtpserve.engine.stats_logger import StatsLogger
 from mtpserve.engine.validation import validate_request
 from mtpserve.outputs import RequestOutput
 from mtpserve.sampling_params import SamplingParams
@@ -66,6 +67,7 @@ class LLMEngine:
         self.device = self.runner.device
         self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
         self.proposer = build_proposer(config.speculative, self)
+        self.stats_logger = StatsLogger()
         logger.info("engine built in %.1f s (%s, %s, max_model_len %d)", time.perf_counter() - t0,
                     mc.model_type, self.runner.dtype, self.max_model_len)
 
@@ -134,6 +136,7 @@ class LLMEngine:
         outputs = []
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
+        self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
         return outputs
 
     def _sample(self, sampling, logits) -> None:

@@ -10,7 +10,9 @@ Counted per engine request (a request with ``n`` choices is ``n`` engine request
   token; ``mtpserve:inter_token_latency_seconds``: between consecutive outputs of one choice (one
   speculative step may return several tokens at once),
 - gauges read from the engine at scrape time: ``mtpserve:num_requests_running``,
-  ``mtpserve:num_requests_waiting``, ``mtpserve:kv_cache_usage_perc`` (0..1).
+  ``mtpserve:num_requests_waiting``, ``mtpserve:kv_cache_usage_perc`` (0..1),
+- speculative decoding (see ``spec_metrics.py``): ``mtpserve:spec_decode_*`` counters and the
+  histogram of accepted drafts per verify step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client import generate_latest
 
 from mtpserve.outputs import RequestOutput
+from mtpserve.server.spec_metrics import SpecDecodeCollector
 
 PREFIX = "mtpserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -55,8 +58,7 @@ class ServerMetrics:
                                ("num_requests_waiting", "num_waiting", "Requests waiting to run."),
                                ("kv_cache_usage_perc", "kv_cache_usage", "KV-cache use, 0..1.")):
             Gauge(PREFIX + name, doc, registry=r).set_function(self._gauge(key))
-        # Speculative-decoding counters (draft / accepted tokens, verify steps) belong here, fed
-        # from RequestTracker.finish() through the final RequestOutput.spec.
+        r.register(SpecDecodeCollector(stats))
 
     def _gauge(self, key: str) -> Callable[[], float]:
         def read() -> float:
