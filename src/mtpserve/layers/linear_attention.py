@@ -1,0 +1,257 @@
+"""Gated DeltaNet layer (linear attention with a recurrent state) of Qwen3-Next / Qwen3.5.
+
+Per token (Yang et al. 2024, "Gated Delta Networks"; Qwen3-Next tech notes): project to q, k, v
+(mixed, through a depthwise causal conv of kernel K with SiLU), a gate z, and per-value-head
+``beta = sigmoid(b)`` and log decay ``g = -exp(A_log) * softplus(a + dt_bias)``; run the gated
+delta rule (kernels/gated_delta_rule.py); normalise each head's output with a gated RMSNorm
+(``rmsnorm(o) * w * silu(z)``); project out.
+
+Projection layouts: Qwen3-Next's ``in_proj_qkvz`` groups [q | k | v | z] per key head and
+``in_proj_ba`` groups [b | a] per key head; Qwen3.5 has flat ``in_proj_qkv`` [q | k | v],
+``in_proj_z``, ``in_proj_b``, ``in_proj_a``. Both load into one column-parallel ``in_proj`` (one
+matmul per step). Under TP each rank holds whole key-head groups.
+
+State I/O follows engine/state_cache.py: each sequence starts from its slot's conv and SSM state
+and leaves the state after its last token there; sequences with a scratch row also leave the
+state after every query token in the scratch buffers (speculative verify). Sequences with at
+most ``SMALL_QUERY`` tokens (decode, verify, short chunks) share one padded recurrent pass; longer
+ones (prefill chunks) each take the chunked form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtpserve.config import ModelConfig
+from mtpserve.distributed import get_tp_rank, get_tp_size
+from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.state_cache import LinearAttnShape
+from mtpserve.kernels.gated_delta_rule import (causal_conv1d, chunk_gated_delta_rule,
+                                               conv_states, recurrent_gated_delta_rule)
+from mtpserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+SMALL_QUERY = 16
+
+
+def _load_sections(param: torch.Tensor, loaded: torch.Tensor, sizes: list[int]) -> None:
+    """Copy this TP rank's slice of every section of ``loaded`` (sections of ``sizes`` rows,
+    stacked along dim 0) into ``param``, sections kept in order."""
+    rank, tp = get_tp_rank(), get_tp_size()
+    src = dst = 0
+    for n in sizes:
+        part = n // tp
+        param.data.narrow(0, dst, part).copy_(loaded.narrow(0, src + rank * part, part))
+        src, dst = src + n, dst + part
+
+
+class SectionedColumnParallelLinear(MergedColumnParallelLinear):
+    """A merged column-parallel linear whose checkpoint tensors may hold several consecutive
+    sections at once: ``shard_id`` is a section index or a tuple of them (Qwen3.5's fused
+    ``in_proj_qkv`` fills the q, k and v sections)."""
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        ids = shard_id if isinstance(shard_id, tuple) else (shard_id,)
+        start = 0
+        for i in ids:
+            n = self.output_sizes[i]
+            super().weight_loader(param, loaded.narrow(0, start, n), i)
+            start += n
+
+
+class ShortConv(nn.Module):
+    """Depthwise conv weight [conv_dim_rank, K]; loads the checkpoint's [conv_dim, 1, K], whose
+    channels are the [q | k | v] sections, each split over TP ranks."""
+
+    def __init__(self, sections: list[int], kernel: int):
+        super().__init__()
+        self.sections = sections
+        self.weight = nn.Parameter(torch.empty(sum(sections) // get_tp_size(), kernel),
+                                   requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        _load_sections(param, loaded.reshape(loaded.shape[0], -1), self.sections)
+
+
+class GatedRMSNorm(nn.Module):
+    """``rmsnorm(x) * w * silu(z)`` over the last dim (w stored as is, not zero-centred);
+    x, z [..., D] -> [..., D] in x's dtype, statistics in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h.to(x.dtype) * F.silu(z.float())).to(x.dtype)
+
+
+@dataclass
+class _Plan:
+    """How a batch's sequences are run (built once per step, shared by all layers).
+
+    The ``num_small`` sequences run by the recurrent form are padded into [Bs, max_q]:
+    ``token_index`` [Ts] their flat token rows (None: all tokens, in order), ``pad_index`` [Ts]
+    each token's row in the padded block (None: no padding), ``last`` [Bs] index of each one's
+    last token, ``slots`` [Bs] their state slots, ``scratch`` (index in the group, scratch row,
+    query length) for those that verify drafts. ``large``: (start, end, slot) of each sequence
+    run by the chunked form.
+    """
+
+    token_index: torch.Tensor | None
+    pad_index: torch.Tensor | None
+    num_small: int
+    max_q: int
+    last: torch.Tensor | None
+    slots: torch.Tensor | None
+    scratch: list[tuple[int, int, int]]
+    large: list[tuple[int, int, int]]
+
+
+def _plan(batch: ForwardBatch) -> _Plan:
+    if "gdn_plan" in batch.extra:
+        return batch.extra["gdn_plan"]
+    meta, qlens, dev = batch.extra["linear_attn"], batch.query_lens_cpu, batch.input_ids.device
+    starts = [0]
+    for q in qlens:
+        starts.append(starts[-1] + q)
+    is_small = [q <= SMALL_QUERY or r >= 0 for q, r in zip(qlens, meta.scratch_rows)]
+    small = [b for b, yes in enumerate(is_small) if yes]
+    large = [(starts[b], starts[b + 1], meta.slots_cpu[b]) for b, yes in enumerate(is_small)
+             if not yes]
+    sq = [qlens[b] for b in small]
+    max_q = max(sq, default=0)
+    i64 = dict(dtype=torch.int64, device=dev)
+    plan = _Plan(
+        token_index=None if len(small) == len(qlens) else torch.tensor(
+            [starts[b] + i for b in small for i in range(qlens[b])], **i64),
+        pad_index=None if all(q == max_q for q in sq) else torch.tensor(
+            [g * max_q + i for g, q in enumerate(sq) for i in range(q)], **i64),
+        num_small=len(small), max_q=max_q,
+        last=torch.tensor([q - 1 for q in sq], **i64) if small else None,
+        slots=torch.tensor([meta.slots_cpu[b] for b in small], **i64) if small else None,
+        scratch=[(g, meta.scratch_rows[b], qlens[b]) for g, b in enumerate(small)
+                 if meta.scratch_rows[b] >= 0],
+        large=large)
+    batch.extra["gdn_plan"] = plan
+    return plan
+
+
+def _pad(x: torch.Tensor, p: _Plan) -> torch.Tensor:
+    """Rows of the small group [Ts, ...] -> zero-padded [Bs, max_q, ...]."""
+    x = x if p.token_index is None else x[p.token_index]
+    if p.pad_index is not None:
+        full = x.new_zeros(p.num_small * p.max_q, *x.shape[1:])
+        full[p.pad_index] = x
+        x = full
+    return x.view(p.num_small, p.max_q, *x.shape[1:])
+
+
+def _unpad(x: torch.Tensor, p: _Plan) -> torch.Tensor:
+    x = x.flatten(0, 1)
+    return x if p.pad_index is None else x[p.pad_index]
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer: ``forward(x [T, H], batch) -> [T, H]``.
+
+    ``state_idx`` indexes this layer's tensors in the StateCache (0..n_linear-1) and
+    ``state_shape`` gives their sizes on this rank (conv_dim = 2 * key_dim + value_dim).
+
+    Raises:
+        ValueError: when the head counts do not divide over the TP ranks.
+    """
+
+    def __init__(self, cfg: ModelConfig, state_idx: int):
+        super().__init__()
+        hf, tp = cfg.hf_config, get_tp_size()
+        nk, nv = hf.linear_num_key_heads, hf.linear_num_value_heads
+        if nk % tp or nv % nk:
+            raise ValueError(f"linear attention heads {nk}/{nv} do not split over TP {tp}")
+        self.hk, self.hv = nk // tp, nv // tp
+        self.dk, self.dv = hf.linear_key_head_dim, hf.linear_value_head_dim
+        self.kernel = hf.linear_conv_kernel_dim
+        key_dim, value_dim = nk * self.dk, nv * self.dv
+        self.grouped = cfg.model_type == "qwen3_next"
+        sizes = ([2 * key_dim + 2 * value_dim, 2 * nv] if self.grouped
+                 else [key_dim, key_dim, value_dim, value_dim, nv, nv])
+        self.in_proj = SectionedColumnParallelLinear(cfg.hidden_size, sizes)
+        self.conv1d = ShortConv([key_dim, key_dim, value_dim], self.kernel)
+        self.A_log = nn.Parameter(torch.empty(self.hv), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(self.hv), requires_grad=False)
+        for p in (self.A_log, self.dt_bias):
+            p.weight_loader = self._load_heads
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = RowParallelLinear(value_dim, cfg.hidden_size)
+        self.state_idx = state_idx
+        self.state_shape = LinearAttnShape(2 * self.hk * self.dk + self.hv * self.dv, self.kernel,
+                                           self.hv, self.dk, self.dv)
+
+    def _load_heads(self, param, loaded, shard_id=None):
+        param.data.copy_(loaded.narrow(0, get_tp_rank() * self.hv, self.hv))
+
+    def _split(self, proj: torch.Tensor):
+        """in_proj output -> mixed qkv [T, conv_dim], z [T, Hv, Dv], b, a [T, Hv]."""
+        T, r = proj.shape[0], self.hv // self.hk
+        if not self.grouped:
+            kd, vd = self.hk * self.dk, self.hv * self.dv
+            mixed, z, b, a = proj.split([2 * kd + vd, vd, self.hv, self.hv], dim=-1)
+            return mixed, z.reshape(T, self.hv, self.dv), b, a
+        qkvz, ba = proj.split([self.hk * (2 * self.dk + 2 * r * self.dv), 2 * self.hv], dim=-1)
+        q, k, v, z = qkvz.view(T, self.hk, -1).split([self.dk, self.dk, r * self.dv,
+                                                      r * self.dv], dim=-1)
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
+        b, a = ba.view(T, self.hk, 2 * r).split([r, r], dim=-1)
+        return mixed, z.reshape(T, self.hv, self.dv), b.reshape(T, -1), a.reshape(T, -1)
+
+    def _heads(self, x: torch.Tensor):
+        """Conv output [..., conv_dim] -> q, k [..., Hk, Dk], v [..., Hv, Dv]."""
+        kd = self.hk * self.dk
+        q, k, v = x.split([kd, kd, self.hv * self.dv], dim=-1)
+        return (q.unflatten(-1, (self.hk, self.dk)), k.unflatten(-1, (self.hk, self.dk)),
+                v.unflatten(-1, (self.hv, self.dv)))
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        mixed, z, b, a = self._split(self.in_proj(x))
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        plan, cache = _plan(batch), batch.extra["linear_attn"].cache
+        core = x.new_empty(x.shape[0], self.hv, self.dv)
+        if plan.num_small:
+            self._run_small(plan, mixed, g, beta, core, cache)
+        for start, end, slot in plan.large:
+            self._run_chunked(start, end, slot, mixed, g, beta, core, cache)
+        out = self.norm(core, z).reshape(x.shape[0], -1)
+        return self.out_proj(out)
+
+    def _run_small(self, p: _Plan, mixed, g, beta, core, cache) -> None:
+        conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
+        out, window = causal_conv1d(_pad(mixed, p), conv_c[p.slots], self.conv1d.weight)
+        conv_after = conv_states(window, self.kernel)               # [Bs, max_q, C, K-1]
+        rows = torch.arange(p.num_small, device=mixed.device)
+        conv_c.index_copy_(0, p.slots, conv_after[rows, p.last].to(conv_c.dtype))
+        q, k, v = self._heads(out)
+        o, final, per_token = recurrent_gated_delta_rule(
+            q, k, v, _pad(g, p), _pad(beta, p), ssm_c[p.slots], keep_states=bool(p.scratch))
+        ssm_c.index_copy_(0, p.slots, final.to(ssm_c.dtype))
+        for i, row, n in p.scratch:
+            cache.conv_scratch[self.state_idx][row, :n] = conv_after[i, :n]
+            cache.ssm_scratch[self.state_idx][row, :n] = per_token[i, :n]
+        rows = slice(None) if p.token_index is None else p.token_index
+        core[rows] = _unpad(o, p).to(core.dtype)
+
+    def _run_chunked(self, start, end, slot, mixed, g, beta, core, cache) -> None:
+        conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
+        out, window = causal_conv1d(mixed[None, start:end], conv_c[slot][None],
+                                    self.conv1d.weight)
+        conv_c[slot] = window[0, -(self.kernel - 1):].transpose(0, 1)
+        q, k, v = self._heads(out[0])
+        o, final = chunk_gated_delta_rule(q, k, v, g[start:end], beta[start:end], ssm_c[slot])
+        ssm_c[slot] = final
+        core[start:end] = o.to(core.dtype)

@@ -1,0 +1,148 @@
+"""Feed-forward blocks of Qwen3-Next / Qwen3.5: sparse MoE with a gated shared expert, or dense.
+
+Sparse MoE (Shazeer et al. 2017; Qwen2-MoE / Qwen3-Next layout): a router scores every expert,
+softmax, keep the top-k (renormalised to sum 1 when ``norm_topk_prob``), each token's output is
+the weighted sum of its experts' SwiGLU outputs, plus a shared SwiGLU expert scaled by
+``sigmoid(shared_expert_gate(x))``. Under tensor parallelism every rank holds all experts but only
+its slice of their intermediate dimension (like the shared expert's column/row-parallel linears),
+so the routed output is summed over ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtpserve.config import ModelConfig
+from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+from mtpserve.layers.activation import SiluAndMul
+from mtpserve.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward ``down(silu(gate(x)) * up(x))``: [T, H] -> [T, H]."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2)
+        self.down_proj = RowParallelLinear(intermediate, hidden)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class FusedExperts(nn.Module):
+    """All experts' weights as 3-D tensors (HF's fused layout).
+
+    ``gate_up_proj`` [E, 2 * I_rank, H] (this rank's gate rows, then its up rows) and
+    ``down_proj`` [E, H, I_rank]. Loads either the fused checkpoint tensors
+    (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]; Qwen3.5-MoE and HF
+    state dicts) or one expert's tensor at a time with ``shard_id = (expert, "gate" | "up" |
+    "down")`` (Qwen3-Next checkpoints: ``experts.{e}.gate_proj.weight`` [I, H] ...).
+    """
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.tp_rank, tp = get_tp_rank(), get_tp_size()
+        if intermediate % tp:
+            raise ValueError(f"moe_intermediate_size {intermediate} is not divisible by TP {tp}")
+        self.num_experts, self.inter = num_experts, intermediate // tp
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden),
+                                         requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, self.inter),
+                                      requires_grad=False)
+        for p in (self.gate_up_proj, self.down_proj):
+            p.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        n, r = self.inter, self.tp_rank
+        if shard_id is None:                       # fused [E, 2I, H] or [E, H, I]
+            if param is self.down_proj:
+                param.data.copy_(loaded.narrow(2, r * n, n))
+            else:
+                full = loaded.shape[1] // 2
+                param.data[:, :n].copy_(loaded.narrow(1, r * n, n))
+                param.data[:, n:].copy_(loaded.narrow(1, full + r * n, n))
+            return
+        e, part = shard_id
+        if part == "down":
+            param.data[e].copy_(loaded.narrow(1, r * n, n))
+        else:
+            offset = 0 if part == "gate" else n
+            param.data[e].narrow(0, offset, n).copy_(loaded.narrow(0, r * n, n))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; ids, weights [T, k] (expert index, routing weight) -> [T, H] (this rank's
+        partial sum under TP)."""
+        T, k = ids.shape
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        w = weights.flatten()
+        # one row per (token, choice), summed over the k choices at the end (index_add_ is
+        # slow on contended CPUs and its summation order varies)
+        per_choice = x.new_empty(T * k, x.shape[1])
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            pick = order[start:start + n]
+            start += n
+            gate, up = F.linear(x[pick // k], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[e]) * w[pick].unsqueeze(-1)
+            per_choice[pick] = y.to(x.dtype)
+        return per_choice.view(T, k, -1).sum(1)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + routed experts + sigmoid-gated shared expert: [T, H] -> [T, H].
+
+    Checkpoint names (vLLM / HF): ``gate`` (router [E, H]), ``experts.*``, ``shared_expert.*``,
+    ``shared_expert_gate`` ([1, H]).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hf = cfg.hf_config
+        self.top_k = hf.num_experts_per_tok
+        # Qwen3.5-MoE always renormalises the top-k weights (its config has no flag)
+        self.renormalize = bool(getattr(hf, "norm_topk_prob", True))
+        self.gate = ReplicatedLinear(cfg.hidden_size, hf.num_experts)
+        self.experts = FusedExperts(hf.num_experts, cfg.hidden_size, hf.moe_intermediate_size)
+        self.shared_expert = GatedMLP(cfg.hidden_size, hf.shared_expert_intermediate_size)
+        self.shared_expert_gate = ReplicatedLinear(cfg.hidden_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        routed = tp_all_reduce(self.experts(x, ids, weights.to(x.dtype)))
+        shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
+        return routed + shared
+
+
+def uses_moe(cfg: ModelConfig, layer_idx: int) -> bool:
+    """Whether decoder layer ``layer_idx`` has a sparse MoE (else a dense SwiGLU MLP).
+
+    Qwen3.5 dense (``qwen3_5_text``): never; Qwen3.5-MoE: always; Qwen3-Next: when it has experts,
+    the layer is not in ``mlp_only_layers`` and ``(layer_idx + 1) % decoder_sparse_step == 0``.
+    """
+    hf = cfg.hf_config
+    if cfg.model_type == "qwen3_5_text":
+        return False
+    if cfg.model_type == "qwen3_5_moe_text":
+        return True
+    step = getattr(hf, "decoder_sparse_step", 1) or 1
+    return (getattr(hf, "num_experts", 0) or 0) > 0 \
+        and layer_idx not in (getattr(hf, "mlp_only_layers", None) or []) \
+        and (layer_idx + 1) % step == 0
+
+
+def build_mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+    """The feed-forward block of decoder layer ``layer_idx`` (see :func:`uses_moe`)."""
+    if uses_moe(cfg, layer_idx):
+        return SparseMoeBlock(cfg)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
