@@ -15,7 +15,9 @@ ALL_PROMPTS = [p for ps in PROMPT_SETS.values() for p in ps]
 
 
 def spec_llm(algo, **kw):
-    extra = {"speculative_draft_model_path": "self"} if algo == "draft" else {}
+    # self-drafting costs a whole target step per draft: the adaptive policy would never draft
+    extra = {"speculative_draft_model_path": "self",
+             "speculative_adaptive": False} if algo == "draft" else {}
     return LLM(None, dtype="float32", max_model_len=2048, num_kv_blocks=256, max_num_seqs=8,
                speculative_algorithm=algo, speculative_num_steps=K, **extra, **kw)
 

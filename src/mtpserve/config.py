@@ -78,7 +78,9 @@ class SpeculativeConfig:
 
     ``algorithm``: ``ngram`` | ``draft`` | ``nextn`` (alias ``mtp``) | the test proposers
     ``forced_accept`` / ``forced_reject``. ``num_steps`` is k, the most draft tokens per request and
-    step; ``num_draft_tokens`` is the tokens verified per step (k + 1 for a chain).
+    step; ``num_draft_tokens`` is the tokens verified per step (k + 1 for a chain). ``adaptive``:
+    each request drafts only as many tokens as its own acceptance makes worthwhile
+    (spec/policy.py); off, every request drafts k whenever it can (the test proposers never adapt).
     """
 
     algorithm: str
@@ -87,6 +89,7 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     draft_model_path: str | None = None
+    adaptive: bool = True
 
     ALGORITHMS = ("ngram", "draft", "nextn", "mtp", "forced_accept", "forced_reject")
 

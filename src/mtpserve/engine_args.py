@@ -38,6 +38,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-ngram-min", type=int, default=1, help="shortest n-gram matched")
     g.add_argument("--speculative-ngram-max", type=int, default=4, help="longest n-gram matched")
     g.add_argument("--speculative-draft-model-path", help="draft model (same tokenizer)")
+    g.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=True,
+                   help="per request, draft only as many tokens as its acceptance pays for")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -49,7 +51,8 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         spec = SpeculativeConfig(
             algorithm=a.speculative_algorithm, num_steps=a.speculative_num_steps,
             num_draft_tokens=a.speculative_num_draft_tokens, ngram_min=a.speculative_ngram_min,
-            ngram_max=a.speculative_ngram_max, draft_model_path=a.speculative_draft_model_path)
+            ngram_max=a.speculative_ngram_max, draft_model_path=a.speculative_draft_model_path,
+            adaptive=a.speculative_adaptive)
     kv = None if a.kv_cache_memory is None else int(a.kv_cache_memory * 2**30)
     return EngineConfig(
         model=a.model or a.model_pos, tokenizer=a.tokenizer,

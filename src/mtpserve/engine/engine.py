@@ -163,6 +163,7 @@ class LLMEngine:
                 row += 1
             if s.draft_token_ids:
                 self.spec_metrics.record(len(s.draft_token_ids), res.num_accepted)
+                self.proposer.record(seq, len(s.draft_token_ids), res.num_accepted)
                 seq.spec.num_draft_tokens += len(s.draft_token_ids)
                 seq.spec.num_accepted_tokens += res.num_accepted
                 seq.spec.num_verify_steps += 1

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from mtpserve.config import SpeculativeConfig
+from mtpserve.spec.policy import DraftLengthPolicy
 from mtpserve.spec.proposer import Proposer
+
+
+# Extra cost of verifying one more token, in decode steps: decoding is memory-bound, so a few more
+# query tokens cost little (measured on CPU: 4 tokens 1.1-1.3x one; benchmarks/cpu_linear.py).
+VERIFY_COST_PER_TOKEN = {"cpu": 0.1, "cuda": 0.03}
 
 
 def build_proposer(spec: SpeculativeConfig | None, engine) -> Proposer | None:
@@ -15,22 +21,25 @@ def build_proposer(spec: SpeculativeConfig | None, engine) -> Proposer | None:
     if spec is None:
         return None
     algo, k = spec.algorithm, spec.num_steps
-    if algo == "ngram":
-        from mtpserve.spec.ngram import NgramProposer
-
-        return NgramProposer(k, spec.ngram_min, spec.ngram_max)
-    from mtpserve.spec.draft_model import DraftModelProposer, build_draft_runner
-
-    if algo == "draft":
-        runner = build_draft_runner(engine.config, spec.draft_model_path, engine.runner,
-                                    engine.max_model_len)
-        return DraftModelProposer(k, runner, engine.model_config.vocab_size, engine.eos_token_ids)
     if algo in ("forced_accept", "forced_reject"):
         from mtpserve.spec.forced import ForcedAcceptProposer, ForcedRejectProposer
+        from mtpserve.spec.draft_model import build_draft_runner
 
         runner = build_draft_runner(engine.config, "self", engine.runner, engine.max_model_len)
         cls = ForcedAcceptProposer if algo == "forced_accept" else ForcedRejectProposer
         return cls(k, runner, engine.eos_token_ids)
+    if algo == "ngram":
+        from mtpserve.spec.ngram import NgramProposer
+
+        return NgramProposer(k, spec.ngram_min, spec.ngram_max, _policy(spec, engine, 0.0))
+    if algo == "draft":
+        from mtpserve.spec.draft_model import DraftModelProposer, build_draft_runner
+
+        runner = build_draft_runner(engine.config, spec.draft_model_path, engine.runner,
+                                    engine.max_model_len)
+        ratio = _num_params(runner.model) / _num_params(engine.runner.model)
+        return DraftModelProposer(k, runner, engine.model_config.vocab_size, engine.eos_token_ids,
+                                  policy=_policy(spec, engine, ratio))
     if algo in ("nextn", "mtp"):
         build_mtp = getattr(engine.runner.model, "build_mtp_proposer", None)
         if build_mtp is None:
@@ -39,3 +48,16 @@ def build_proposer(spec: SpeculativeConfig | None, engine) -> Proposer | None:
                              f"{engine.model_config.model_type} has none")
         return build_mtp(spec, engine)
     raise ValueError(f"unknown speculative algorithm {algo!r}")
+
+
+def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPolicy | None:
+    """The adaptive draft-length policy; ``draft_cost`` is the proposer's cost per draft token
+    in target decode steps."""
+    if not spec.adaptive:
+        return None
+    alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
+    return DraftLengthPolicy(spec.num_steps, alpha + draft_cost)
+
+
+def _num_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())

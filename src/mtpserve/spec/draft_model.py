@@ -47,8 +47,8 @@ class DraftModelProposer(Proposer):
     """
 
     def __init__(self, num_steps: int, runner: ModelRunner, target_vocab: int,
-                 eos_token_ids: tuple[int, ...], greedy_only: bool = False):
-        super().__init__(num_steps)
+                 eos_token_ids: tuple[int, ...], greedy_only: bool = False, policy=None):
+        super().__init__(num_steps, policy)
         if runner.model_config.vocab_size != target_vocab:
             raise ValueError(f"the draft model's vocabulary ({runner.model_config.vocab_size}) "
                              f"differs from the target's ({target_vocab}); use a draft model "
@@ -80,22 +80,19 @@ class DraftModelProposer(Proposer):
         return st
 
     def release(self, seq: Sequence) -> None:
+        super().release(seq)
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
 
     # ---- drafting ------------------------------------------------------------------------------
-    def propose(self, seqs: list[Sequence]) -> None:
-        active = []
-        for seq in seqs:
-            seq.draft_token_ids, seq.draft_probs = [], None
-            if self.budget(seq) > 0:
-                active.append((seq, self._state(seq)))
-        qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq, _ in active}
+    def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        active = [(seq, self._state(seq), budget) for seq, budget in work]
+        qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq, _ in work}
         while active:
             active = self._draft_one(active, qs)
-        for seq in seqs:
-            q = qs.get(seq.request_id)
+        for seq, _ in work:
+            q = qs[seq.request_id]
             if q and not self._greedy(seq):
                 seq.draft_probs = torch.stack(q)
 
@@ -105,11 +102,11 @@ class DraftModelProposer(Proposer):
     def _draft_one(self, active, qs):
         """One forward pass of the draft model: one more draft token for every active sequence."""
         sched, kept = SchedulerOutput(), []
-        for seq, st in active:
+        for seq, st, budget in active:
             sh = st.shadow
             if self.bm.allocate(sh, sh.num_tokens):
                 sched.scheduled.append(ScheduledSeq(sh, sh.num_tokens - sh.num_computed_tokens, []))
-                kept.append((seq, st))
+                kept.append((seq, st, budget))
         if not kept:
             return []
         batch, _ = self.runner.prepare(sched)
@@ -117,17 +114,17 @@ class DraftModelProposer(Proposer):
         rows = [SamplingRow(SamplingParams(temperature=0.0) if self._greedy(seq) else seq.params,
                             st.generator, seq.prompt_token_ids,
                             seq.output_token_ids + seq.draft_token_ids, self.eos)
-                for seq, st in kept]
+                for seq, st, _ in kept]
         q = self.sampler.probs(self.sampler.process_logits(logits, rows), rows)
         tokens = self.sampler.draw(q, rows).tolist()
         still = []
-        for i, (seq, st) in enumerate(kept):
+        for i, (seq, st, budget) in enumerate(kept):
             st.shadow.num_computed_tokens = st.shadow.num_tokens
             st.shadow.token_ids.append(tokens[i])
             seq.draft_token_ids = seq.draft_token_ids + [tokens[i]]
             qs[seq.request_id].append(q[i])
-            if len(seq.draft_token_ids) < self.budget(seq):
-                still.append((seq, st))
+            if len(seq.draft_token_ids) < budget:
+                still.append((seq, st, budget))
         return still
 
 

@@ -25,8 +25,8 @@ class ForcedAcceptProposer(DraftModelProposer):
 class ForcedRejectProposer(ForcedAcceptProposer):
     """Every draft is a valid, non-zero token id other than the target's greedy choice."""
 
-    def propose(self, seqs: list[Sequence]) -> None:
-        super().propose(seqs)
+    def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        super().draft(work)
         vocab = self.runner.model_config.vocab_size
-        for seq in seqs:
+        for seq, _ in work:
             seq.draft_token_ids = [t + 1 if t + 1 < vocab else 1 for t in seq.draft_token_ids]

@@ -34,13 +34,11 @@ def ngram_lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int
 class NgramProposer(Proposer):
     """Deterministic drafts (one-hot q) from :func:`ngram_lookup`."""
 
-    def __init__(self, num_steps: int, ngram_min: int, ngram_max: int):
-        super().__init__(num_steps)
+    def __init__(self, num_steps: int, ngram_min: int, ngram_max: int, policy=None):
+        super().__init__(num_steps, policy)
         self.n_min, self.n_max = ngram_min, ngram_max
 
-    def propose(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            k = self.budget(seq)
+    def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        for seq, budget in work:
             tokens = np.asarray(seq.token_ids, dtype=np.int64)
-            seq.draft_token_ids = ngram_lookup(tokens, self.n_min, self.n_max, k) if k else []
-            seq.draft_probs = None
+            seq.draft_token_ids = ngram_lookup(tokens, self.n_min, self.n_max, budget)

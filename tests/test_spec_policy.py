@@ -1,0 +1,54 @@
+"""The adaptive draft-length policy: drafts only what its acceptance pays for."""
+
+from __future__ import annotations
+
+from mtpserve.engine.sequence import Sequence
+from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec.policy import DraftLengthPolicy
+
+
+def seq(rid="r"):
+    return Sequence(rid, [1, 2, 3], SamplingParams(), (), 100, None, None)
+
+
+def best_m(a, k, cost):
+    """Brute force of argmax E(m) / C(m) (ties to the smaller m)."""
+    rates = [(1 - a ** (m + 1)) / (1 - a) / (1 + cost * m) for m in range(k + 1)]
+    return max(range(k + 1), key=lambda m: (rates[m], -m))
+
+
+def test_choice_maximises_tokens_per_cost():
+    for a in (0.05, 0.3, 0.5, 0.7, 0.9):
+        for cost in (0.0, 0.03, 0.1, 0.5, 1.1):
+            p = DraftLengthPolicy(5, cost, prior=a)
+            assert p.num_drafts(seq()) == best_m(a, 5, cost), (a, cost)
+
+
+def test_free_drafts_always_use_k_and_a_draft_as_costly_as_the_target_never_pays():
+    assert DraftLengthPolicy(4, 0.0).num_drafts(seq()) == 4
+    assert DraftLengthPolicy(4, 1.1, prior=0.95).num_drafts(seq()) == 0
+
+
+def test_estimate_follows_each_request():
+    p = DraftLengthPolicy(4, 0.1)
+    good, bad = seq("good"), seq("bad")
+    for _ in range(10):
+        p.record(good, 4, 4)
+        p.record(bad, 4, 0)
+    assert p.acceptance(good) > 0.95 and p.acceptance(bad) < 0.05
+    assert p.num_drafts(good) == 4 and p.num_drafts(bad) == 0
+    p.forget(bad)
+    assert p.acceptance(bad) == p.prior
+
+
+def test_an_idle_request_drifts_back_and_tries_again():
+    p = DraftLengthPolicy(3, 0.1)
+    s = seq()
+    for _ in range(10):
+        p.record(s, 3, 0)
+    assert p.num_drafts(s) == 0
+    tries = 1
+    while p.num_drafts(s) == 0:
+        tries += 1
+        assert tries < 200
+    assert p.num_drafts(s) >= 1
