@@ -125,6 +125,7 @@ class LLMEngine:
         batch, layout = self.runner.prepare(sched)
         hidden, logits = self.runner.execute(batch)
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
+        starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
         if any(s.draft_token_ids for s, _ in sampling):
@@ -132,12 +133,24 @@ class LLMEngine:
         elif sampling:  # a step of prefill chunks only samples nothing
             self._sample(sampling, logits)
         if self.proposer is not None:
-            self.proposer.observe([s.seq for s in sched.scheduled], hidden, layout)
+            self.proposer.observe(self._kept_hidden(sched, starts, batch, hidden))
         outputs = []
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
         self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
         return outputs
+
+    @staticmethod
+    def _kept_hidden(sched, starts, batch, hidden):
+        """Per running sequence: (first position, hidden states [n, H]) of the positions this
+        step computed and kept (prefill tokens; a verify's last token and accepted drafts)."""
+        items, offset = [], 0
+        for s, start, q in zip(sched.scheduled, starts, batch.query_lens_cpu):
+            n = s.seq.num_computed_tokens - start
+            if n > 0 and not s.seq.is_finished:
+                items.append((s.seq, start, hidden[offset:offset + n]))
+            offset += q
+        return items
 
     def _sample(self, sampling, logits) -> None:
         result = self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])

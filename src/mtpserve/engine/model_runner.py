@@ -36,11 +36,12 @@ class ModelRunner:
         config: engine settings (device, dtype, KV size); model_config: the model's shape;
         files: a ``mtpserve.loader.ModelFiles`` to read weights from (unused with ``model``);
         max_model_len: longest sequence (sizes the RoPE table); model: an already-loaded model
-        to share (a self-drafting proposer runs the target's weights over its own KV cache).
+        to share (a self-drafting proposer runs the target's weights over its own KV cache);
+        state_slots: recurrent-state slots of a hybrid model (default: ``max_num_seqs``).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int,
-                 model: torch.nn.Module | None = None):
+                 model: torch.nn.Module | None = None, state_slots: int | None = None):
         self.config, self.model_config = config, model_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.block_size = config.block_size
@@ -50,7 +51,7 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         self.kv_cache = KVCache(self._kv_shape[0], self.num_blocks, self.block_size,
                                 *self._kv_shape[1:], self.dtype, self.device)
-        self.state_cache = self._state_cache()
+        self.state_cache = self._state_cache(state_slots or config.max_num_seqs)
 
     # ---- start-up ------------------------------------------------------------------------
     def _load_model(self, files, max_model_len: int) -> torch.nn.Module:
@@ -68,16 +69,15 @@ class ModelRunner:
             logger.info("packed float32 CPU weights for multi-row matmuls (+%.0f MiB)", added / 2**20)
         return model.eval()
 
-    def _state_cache(self) -> StateCache | None:
-        """Recurrent-state slots for hybrid models (one per schedulable request), else None."""
+    def _state_cache(self, slots: int) -> StateCache | None:
+        """Recurrent-state slots for hybrid models, else None."""
         layers = getattr(self.model, "linear_attention_layers", lambda: [])()
         if not layers:
             return None
         spec = self.config.speculative
         k = spec.num_steps if spec is not None else 0
-        n = self.config.max_num_seqs
-        return StateCache(len(layers), layers[0].state_shape, n, self.dtype,
-                          torch.float32, self.device, max_drafts=k, scratch_rows=n)
+        return StateCache(len(layers), layers[0].state_shape, slots, self.dtype, torch.float32,
+                          self.device, max_drafts=k, scratch_rows=self.config.max_num_seqs)
 
     def kv_bytes_per_block(self) -> int:
         return KVCache.bytes_per_block(self._kv_shape[0], self.block_size, *self._kv_shape[1:],

@@ -91,6 +91,11 @@ class StateCache:
     def free(self, slot: int) -> None:
         self._free.append(slot)
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Make slot ``dst`` hold slot ``src``'s state (every layer)."""
+        for t in self.conv + self.ssm:
+            t[dst].copy_(t[src])
+
     def commit(self, slot: int, scratch_row: int, position: int) -> None:
         """Make ``slot`` hold the state after query token ``position`` of a verify step."""
         for i in range(len(self.conv)):

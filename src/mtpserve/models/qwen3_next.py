@@ -117,6 +117,7 @@ class Qwen3NextForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = None
+        self.mtp_missing: list[str] = []   # names of the MTP tensors a checkpoint lacked
         if (getattr(cfg.hf_config, "mtp_num_hidden_layers", 0) or 0) >= 1:
             from mtpserve.models.mtp import Qwen3NextMTP
 
@@ -152,6 +153,7 @@ class Qwen3NextForCausalLM(nn.Module):
         if self.mtp is not None and not any(n.startswith("mtp.") for n in loaded):
             logger.warning("config asks for %d MTP layer(s) but the checkpoint has no mtp.* "
                            "tensors: MTP speculation is unavailable", len(self.mtp.layers))
+            self.mtp_missing = [n for n, _ in self.mtp.named_parameters(prefix="mtp")]
             self.mtp = None
         check_all_loaded(self, loaded)
 

@@ -41,12 +41,7 @@ def build_proposer(spec: SpeculativeConfig | None, engine) -> Proposer | None:
         return DraftModelProposer(k, runner, engine.model_config.vocab_size, engine.eos_token_ids,
                                   policy=_policy(spec, engine, ratio))
     if algo in ("nextn", "mtp"):
-        build_mtp = getattr(engine.runner.model, "build_mtp_proposer", None)
-        if build_mtp is None:
-            raise ValueError(f"--speculative-algorithm {algo} needs a model with MTP layers "
-                             f"(Qwen3-Next / Qwen3.5 / DeepSeek-V3); "
-                             f"{engine.model_config.model_type} has none")
-        return build_mtp(spec, engine)
+        return _mtp_proposer(spec, engine)
     raise ValueError(f"unknown speculative algorithm {algo!r}")
 
 
@@ -61,3 +56,30 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPo
 
 def _num_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
+    """The MTP proposer over the target's own ``mtp`` module (its own KV cache).
+
+    Raises:
+        ValueError: the model has no MTP layers, or its checkpoint lacks the ``mtp.*`` tensors
+            (the message names them).
+    """
+    from mtpserve.engine.model_runner import ModelRunner
+    from mtpserve.spec.mtp import MTPProposer
+
+    target = engine.runner.model
+    if getattr(target, "mtp", None) is None:
+        missing = getattr(target, "mtp_missing", [])
+        if missing:
+            raise ValueError(f"--speculative-algorithm {spec.algorithm}: the checkpoint has no MTP "
+                             f"weights; missing {len(missing)} tensors: {', '.join(missing[:6])}"
+                             f"{' ...' if len(missing) > 6 else ''}")
+        raise ValueError(f"--speculative-algorithm {spec.algorithm} needs a model with MTP layers "
+                         f"(Qwen3-Next / Qwen3.5 with mtp_num_hidden_layers >= 1); "
+                         f"{engine.model_config.model_type} has none")
+    runner = ModelRunner(engine.config, engine.model_config, None, engine.max_model_len,
+                         model=target.mtp)
+    layers = engine.model_config.num_hidden_layers
+    return MTPProposer(spec.num_steps, target, runner, engine.eos_token_ids,
+                       _policy(spec, engine, 2.0 / layers))

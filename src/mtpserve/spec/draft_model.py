@@ -5,6 +5,11 @@ catches up on the tokens the target accepted since its last proposal (one varlen
 the whole batch), then runs k - 1 more single-token steps. Its KV is rolled back by keeping only
 the longest common prefix of what it computed and what the target accepted: rejected drafts'
 slots are simply overwritten later, as in the target's cache.
+
+A hybrid draft model (recurrent state) cannot roll back to any prefix, so each request keeps a
+second state slot: a snapshot taken right after the catch-up pass (the state after the last token
+the target had accepted). The next proposal restores the snapshot and recomputes the few tokens
+accepted since.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ DRAFT_SEED_OFFSET = 0x5EED
 class _DraftState:
     shadow: Sequence                     # the draft model's view: token ids, blocks, progress
     generator: torch.Generator | None
+    snapshot: int | None = None          # hybrid draft models: state slot after snap_len tokens
+    snap_len: int = 0
 
 
 class DraftModelProposer(Proposer):
@@ -70,6 +77,11 @@ class DraftModelProposer(Proposer):
             gen = make_generator(None if seed is None else seed + DRAFT_SEED_OFFSET,
                                  self.runner.device)
             st = self.states[seq.request_id] = _DraftState(shadow, gen)
+            if self.runner.state_cache is not None and not self._take_slots(st):
+                return None
+        if st.snapshot is not None:
+            self.runner.state_cache.copy_slot(st.snapshot, st.shadow.state_slot)
+            st.shadow.num_computed_tokens = st.snap_len
         shadow, n = st.shadow, 0
         limit = min(len(shadow.token_ids), len(seq.token_ids))
         while n < limit and shadow.token_ids[n] == seq.token_ids[n]:
@@ -79,15 +91,27 @@ class DraftModelProposer(Proposer):
         shadow.token_ids = list(seq.token_ids)
         return st
 
+    def _take_slots(self, st: _DraftState) -> bool:
+        cache = self.runner.state_cache
+        if cache.num_free < 2:
+            del self.states[st.shadow.request_id]
+            return False
+        st.shadow.state_slot, st.snapshot = cache.alloc(), cache.alloc()
+        return True
+
     def release(self, seq: Sequence) -> None:
         super().release(seq)
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
+            for slot in (st.shadow.state_slot, st.snapshot):
+                if slot is not None:
+                    self.runner.state_cache.free(slot)
 
     # ---- drafting ------------------------------------------------------------------------------
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
-        active = [(seq, self._state(seq), budget) for seq, budget in work]
+        active = [(seq, st, budget) for seq, budget in work
+                  if (st := self._state(seq)) is not None]
         qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq, _ in work}
         while active:
             active = self._draft_one(active, qs)
@@ -120,6 +144,9 @@ class DraftModelProposer(Proposer):
         still = []
         for i, (seq, st, budget) in enumerate(kept):
             st.shadow.num_computed_tokens = st.shadow.num_tokens
+            if st.snapshot is not None and not seq.draft_token_ids:  # right after the catch-up
+                self.runner.state_cache.copy_slot(st.shadow.state_slot, st.snapshot)
+                st.snap_len = st.shadow.num_computed_tokens
             st.shadow.token_ids.append(tokens[i])
             seq.draft_token_ids = seq.draft_token_ids + [tokens[i]]
             qs[seq.request_id].append(q[i])
@@ -134,8 +161,10 @@ def build_draft_runner(config: EngineConfig, draft_path: str, target_runner: Mod
     (self-drafting shares them; only the KV cache is new), else the model at ``draft_path``."""
     from mtpserve.loader import load_model_files
 
+    slots = 2 * config.max_num_seqs  # hybrid draft models: working state + snapshot
     if draft_path in ("self", "target"):
         return ModelRunner(config, target_runner.model_config, None, max_model_len,
-                           model=target_runner.model)
+                           model=target_runner.model, state_slots=slots)
     files = load_model_files(draft_path)
-    return ModelRunner(config, ModelConfig.from_hf(files.hf_config), files, max_model_len)
+    return ModelRunner(config, ModelConfig.from_hf(files.hf_config), files, max_model_len,
+                       state_slots=slots)

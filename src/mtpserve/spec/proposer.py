@@ -47,8 +47,10 @@ class Proposer(ABC):
         if self.policy is not None:
             self.policy.record(seq, num_drafts, num_accepted)
 
-    def observe(self, seqs: list[Sequence], hidden: torch.Tensor, layout) -> None:
-        """After a step: the target's hidden states [T, H] (for MTP-style proposers)."""
+    def observe(self, items: list[tuple[Sequence, int, torch.Tensor]]) -> None:
+        """After a step, per running sequence: (first position, the target's hidden states
+        [n, H] of the n positions from there that the step computed and kept). For MTP-style
+        proposers, which draft from the target's hidden states."""
 
     def release(self, seq: Sequence) -> None:
         """``seq`` finished or was aborted: drop any state kept for it."""

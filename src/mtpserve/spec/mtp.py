@@ -1,0 +1,166 @@
+"""MTP (NEXTN) proposer: drafts with the checkpoint's own multi-token-prediction layer.
+
+The MTP module (models/mtp.py) maps the pair (target hidden state h_t, next token x_{t+1}) at
+position t to a hidden state whose logits predict x_{t+2}. Its attention layer keeps a KV cache
+of its own, indexed by the target's positions. We keep, per request, a *shadow* sequence whose
+token at position t is x_{t+1} (the request's tokens shifted left by one), so the shared
+``ModelRunner.prepare`` lays out the MTP's batches and block tables as for any model.
+
+After every target step (:meth:`observe`) the MTP runs over the pairs that step made valid:
+positions whose target hidden state was computed and kept (all prefill tokens; for a verify
+step, the last accepted token and the accepted drafts). Its output at the last one, y at
+position L - 2 (L = tokens so far), predicts the next token: that is draft 1. Drafts 2..m
+chain: (y_{s-1}, d_{s-1}) at position L - 3 + s. Those chained K/V entries were made from draft
+states, so the shadow forgets them at once; the next ``observe`` overwrites them with the
+target's real hidden states. The MTP therefore never needs its own rollback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mtpserve.engine.block_manager import BlockManager
+from mtpserve.engine.model_runner import ModelRunner
+from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
+from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from mtpserve.engine.sequence import Sequence
+from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
+from mtpserve.spec.proposer import Proposer
+
+_GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class _MTPState:
+    shadow: Sequence            # token t = x_{t+1}; num_computed = MTP K/V positions made valid
+    last_hidden: torch.Tensor | None   # MTP output at the newest valid pair: draft 1's logits
+    generator: torch.Generator | None
+    broken: bool = False        # the MTP cache ran out of blocks: no more drafts for it
+
+
+class MTPProposer(Proposer):
+    """Drafts with ``target.mtp`` over the KV pool of ``runner`` (built with ``model=target.mtp``).
+
+    Args:
+        num_steps: k; target: the target model (its ``mtp``, ``compute_logits``);
+        eos_token_ids: for the min_tokens ban while drafting; policy: the draft-length policy.
+    """
+
+    def __init__(self, num_steps: int, target, runner: ModelRunner,
+                 eos_token_ids: tuple[int, ...], policy=None):
+        super().__init__(num_steps, policy)
+        self.target, self.mtp, self.runner = target, target.mtp, runner
+        self.bm = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=False)
+        self.sampler = Sampler(target.config.vocab_size, seed=DRAFT_SEED_OFFSET)
+        self.eos = eos_token_ids
+        self.states: dict[str, _MTPState] = {}
+
+    # ---- after each target step: extend the MTP's cache with the real hidden states -------
+    @torch.inference_mode()
+    def observe(self, items: list[tuple[Sequence, int, torch.Tensor]]) -> None:
+        """``items``: (sequence, first position, target hidden states [n, H] of positions
+        first..first+n-1, all of them valid)."""
+        sched, hiddens, states = SchedulerOutput(), [], []
+        for seq, start, hidden in items:
+            st = self._state(seq)
+            sh = st.shadow
+            sh.token_ids = seq.token_ids[1:]
+            sh.num_computed_tokens = min(sh.num_computed_tokens, start)
+            if st.broken or sh.num_computed_tokens != start \
+                    or not self.bm.allocate(sh, start + hidden.shape[0]):
+                self._break(st)
+                continue
+            sched.scheduled.append(ScheduledSeq(sh, hidden.shape[0], []))
+            hiddens.append(hidden)
+            states.append(st)
+        if not states:
+            return
+        y = self._forward(sched, torch.cat(hiddens))
+        end = 0
+        for st, h in zip(states, hiddens):
+            end += h.shape[0]
+            st.shadow.num_computed_tokens += h.shape[0]
+            st.last_hidden = y[end - 1]
+
+    # ---- drafting ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        active = []
+        for seq, budget in work:
+            st = self.states.get(seq.request_id)
+            if st is not None and not st.broken and st.last_hidden is not None \
+                    and st.shadow.num_computed_tokens == seq.num_tokens - 1:
+                active.append((seq, budget, st))
+        drafted = [seq for seq, _, _ in active]
+        qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq in drafted}
+        hidden = torch.stack([st.last_hidden for _, _, st in active]) if active else None
+        while active:
+            tokens, q = self._sample(active, self.target.compute_logits(hidden))
+            still, rows = [], []
+            for i, (seq, budget, st) in enumerate(active):
+                seq.draft_token_ids = seq.draft_token_ids + [tokens[i]]
+                qs[seq.request_id].append(q[i])
+                if len(seq.draft_token_ids) < budget:
+                    still.append((seq, budget, st))
+                    rows.append(i)
+            active, hidden = self._chain(still, hidden[rows]) if still else ([], None)
+        for seq in drafted:
+            st = self.states[seq.request_id]
+            st.shadow.token_ids = seq.token_ids[1:]
+            st.shadow.num_computed_tokens = seq.num_tokens - 1   # chained K/V is not kept
+            if not seq.params.greedy:
+                seq.draft_probs = torch.stack(qs[seq.request_id])
+
+    def _chain(self, active, hidden: torch.Tensor):
+        """One chained MTP step for each active sequence: input (its previous MTP output, its
+        newest draft) one position on. Returns the sequences that ran and their outputs."""
+        sched, kept, rows = SchedulerOutput(), [], []
+        for i, (seq, budget, st) in enumerate(active):
+            sh = st.shadow
+            sh.token_ids = seq.token_ids[1:] + seq.draft_token_ids
+            if self.bm.allocate(sh, sh.num_tokens):
+                sched.scheduled.append(ScheduledSeq(sh, 1, []))
+                kept.append((seq, budget, st))
+                rows.append(i)
+        if not kept:
+            return [], None
+        y = self._forward(sched, hidden[rows], step=len(kept[0][0].draft_token_ids))
+        for _, _, st in kept:
+            st.shadow.num_computed_tokens += 1
+        return kept, y
+
+    def _sample(self, active, logits: torch.Tensor):
+        rows = [SamplingRow(_GREEDY if seq.params.greedy else seq.params, st.generator,
+                            seq.prompt_token_ids, seq.output_token_ids + seq.draft_token_ids,
+                            self.eos) for seq, _, st in active]
+        q = self.sampler.probs(self.sampler.process_logits(logits, rows), rows)
+        return self.sampler.draw(q, rows).tolist(), q
+
+    def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0):
+        batch, _ = self.runner.prepare(sched)
+        return self.mtp(batch.input_ids, hidden.to(self.runner.dtype), batch, step=step)
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def _state(self, seq: Sequence) -> _MTPState:
+        st = self.states.get(seq.request_id)
+        if st is None:
+            shadow = Sequence(seq.request_id, seq.token_ids[1:], SamplingParams(), (),
+                              seq.max_model_len, None, None)
+            seed = seq.params.seed
+            gen = make_generator(None if seed is None else seed + DRAFT_SEED_OFFSET,
+                                 self.runner.device)
+            st = self.states[seq.request_id] = _MTPState(shadow, None, gen)
+        return st
+
+    def _break(self, st: _MTPState) -> None:
+        st.broken, st.last_hidden = True, None
+        self.bm.free_seq(st.shadow)
+
+    def release(self, seq: Sequence) -> None:
+        super().release(seq)
+        st = self.states.pop(seq.request_id, None)
+        if st is not None:
+            self.bm.free_seq(st.shadow)
