@@ -43,6 +43,12 @@ def _wait_ready_parser(sub) -> None:
     p.set_defaults(func=_wait_ready)
 
 
+def _bench_parser(sub) -> None:
+    from mtpserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+
+
 def _serve(a: argparse.Namespace) -> int:
     from mtpserve.server.api import run_server
 
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _generate_parser(sub)
     _wait_ready_parser(sub)
+    _bench_parser(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=getattr(a, "log_level", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
