@@ -139,6 +139,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     speculative: SpeculativeConfig | None = None
+    enforce_eager: bool = False
+    cuda_graph_max_tokens: int = 256
+    gpu_memory_utilization: float = 0.9
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

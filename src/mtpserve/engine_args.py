@@ -29,6 +29,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="token budget per step; longer prefills are chunked")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--cuda-graph-max-tokens", type=int, default=256,
+                   help="largest decode/verify step (tokens) captured as a CUDA graph")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights, activations and the KV cache")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-algorithm", choices=SPEC_ALGORITHMS,
                    help="proposer; nextn and mtp are the same (the checkpoint's MTP layers)")
@@ -60,4 +65,6 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         max_model_len=a.max_model_len, block_size=a.block_size, kv_cache_memory_bytes=kv,
         num_kv_blocks=a.num_kv_blocks, max_num_seqs=a.max_num_seqs,
         max_num_batched_tokens=a.max_num_batched_tokens,
-        enable_prefix_caching=a.enable_prefix_caching, seed=a.seed, speculative=spec)
+        enable_prefix_caching=a.enable_prefix_caching, seed=a.seed, speculative=spec,
+        enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
+        gpu_memory_utilization=a.gpu_memory_utilization)

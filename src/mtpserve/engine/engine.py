@@ -68,6 +68,8 @@ class LLMEngine:
         self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
         self.proposer = build_proposer(config.speculative, self)
         self.stats_logger = StatsLogger()
+        if not config.enforce_eager:
+            self.runner.capture_cuda_graphs()
         logger.info("engine built in %.1f s (%s, %s, max_model_len %d)", time.perf_counter() - t0,
                     mc.model_type, self.runner.dtype, self.max_model_len)
 

@@ -13,7 +13,8 @@ from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.state_cache import LinearAttnMetadata, StateCache
 from mtpserve.engine.scheduler import SchedulerOutput
 from mtpserve.kernels import cpu_linear
-from mtpserve.kernels.paged_attention import build_torch_metadata
+from mtpserve.kernels.paged_attention import (SMALL_QUERY, build_torch_metadata,
+                                              build_triton_metadata, partition_size)
 from mtpserve.models.registry import model_class
 
 logger = logging.getLogger(__name__)
@@ -37,21 +38,30 @@ class ModelRunner:
         files: a ``mtpserve.loader.ModelFiles`` to read weights from (unused with ``model``);
         max_model_len: longest sequence (sizes the RoPE table); model: an already-loaded model
         to share (a self-drafting proposer runs the target's weights over its own KV cache);
-        state_slots: recurrent-state slots of a hybrid model (default: ``max_num_seqs``).
+        state_slots: recurrent-state slots of a hybrid model (default: ``max_num_seqs``);
+        num_blocks: KV blocks (a proposer's pool mirrors the target's; a target sizes its own and
+        leaves its proposer's KV cache a share of the GPU budget, ``spec.target_kv_share``).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int,
-                 model: torch.nn.Module | None = None, state_slots: int | None = None):
+                 model: torch.nn.Module | None = None, state_slots: int | None = None,
+                 num_blocks: int | None = None):
         self.config, self.model_config = config, model_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.block_size = config.block_size
         self.model = model if model is not None else self._load_model(files, max_model_len)
         a = self.model.attention_layers()[0]
         self._kv_shape = (len(self.model.attention_layers()), a.num_kv_heads, a.head_dim)
-        self.num_blocks = self._num_blocks()
-        self.kv_cache = KVCache(self._kv_shape[0], self.num_blocks, self.block_size,
-                                *self._kv_shape[1:], self.dtype, self.device)
+        self.max_model_len = max_model_len
+        self.triton_attention = self.device.type == "cuda"
+        self.part_size = partition_size(max_model_len, self.block_size)
+        self.graphs = None
         self.state_cache = self._state_cache(state_slots or config.max_num_seqs)
+        self.num_blocks = num_blocks or self._num_blocks()
+        # one block more than the block manager hands out: padded graph tokens write there
+        self.kv_cache = KVCache(self._kv_shape[0], self.num_blocks + 1, self.block_size,
+                                *self._kv_shape[1:], self.dtype, self.device)
+        self.pad_slot = self.num_blocks * self.block_size
 
     # ---- start-up ------------------------------------------------------------------------
     def _load_model(self, files, max_model_len: int) -> torch.nn.Module:
@@ -86,6 +96,10 @@ class ModelRunner:
     def _num_blocks(self) -> int:
         if self.config.num_kv_blocks:
             return self.config.num_kv_blocks
+        if self.device.type == "cuda":
+            from mtpserve.engine.memory_profile import gpu_kv_blocks
+
+            return gpu_kv_blocks(self)
         budget = self.config.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         return max(1, budget // self.kv_bytes_per_block())
 
@@ -127,7 +141,12 @@ class ModelRunner:
         batch.kv_caches = self.kv_cache.layers
         if self.state_cache is not None:
             batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
-        batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev, self.dtype)
+        if self.triton_attention and max(qlens) <= SMALL_QUERY:
+            batch.attn = build_triton_metadata(qlens, batch.positions, batch.block_tables, bs,
+                                               self.part_size)
+        else:
+            batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev,
+                                              self.dtype)
         return batch, LogitsLayout(rows)
 
     def _linear_attn_metadata(self, sched: SchedulerOutput) -> LinearAttnMetadata:
@@ -140,9 +159,24 @@ class ModelRunner:
                                   torch.tensor(slots, dtype=torch.int64, device=self.device),
                                   slots, rows)
 
+    def capture_cuda_graphs(self) -> None:
+        """Capture decode / verify graphs (CUDA, attention-only models; see cuda_graph.py)."""
+        if self.device.type != "cuda" or self.state_cache is not None:
+            return
+        from mtpserve.engine.cuda_graph import DEFAULT_SIZES, CudaGraphRunner
+
+        limit = self.config.cuda_graph_max_tokens
+        sizes = tuple(s for s in DEFAULT_SIZES if s <= limit)
+        max_blocks = -(-self.max_model_len // self.block_size)
+        self.graphs = CudaGraphRunner(self, sizes, self.config.max_num_seqs, max_blocks,
+                                      self.part_size)
+        self.graphs.capture()
+
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model; return (hidden [T, H], logits [N, vocab] float32 at logits_indices)."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         hidden = self.model(batch)
         if batch.logits_indices.numel() == 0:
             return hidden, hidden.new_empty(0, self.model_config.vocab_size, dtype=torch.float32)

@@ -15,6 +15,17 @@ import torch.nn.functional as F
 
 # Sequences with at most this many query tokens share one padded attention call.
 SMALL_QUERY = 16
+# Split-K partitions of the Triton kernel: at least this many context tokens each, and at most
+# this many partitions (they size its scratch buffers).
+MIN_PARTITION = 64
+MAX_PARTITIONS = 32
+
+
+def partition_size(max_model_len: int, block_size: int) -> int:
+    """Context tokens per split-K partition of ``paged_attention_triton`` (a multiple of
+    ``block_size``)."""
+    size = max(MIN_PARTITION, -(-max_model_len // MAX_PARTITIONS))
+    return -(-size // block_size) * block_size
 
 
 @dataclass
@@ -41,6 +52,33 @@ class PaddedGroup:
 @dataclass
 class TorchAttentionMetadata:
     groups: list[PaddedGroup]
+
+
+@dataclass
+class TritonAttentionMetadata:
+    """Per-token layout for ``paged_attention_triton`` (CUDA decode / verify; graph-capturable).
+
+    ``table_row`` [T] int32: the block-table row of each token's sequence; ``kv_len`` [T] int32:
+    keys each token attends to (its position + 1); ``block_tables`` [R, max_blocks] int32;
+    ``part_size``: context tokens per split-K partition.
+    """
+
+    table_row: torch.Tensor
+    kv_len: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+    part_size: int
+
+
+def build_triton_metadata(query_lens: list[int], positions: torch.Tensor,
+                          block_tables: torch.Tensor, block_size: int,
+                          part_size: int) -> TritonAttentionMetadata:
+    """Metadata for a batch whose tokens each attend to their own prefix (``positions`` [T])."""
+    rows = torch.repeat_interleave(
+        torch.arange(len(query_lens), dtype=torch.int32),
+        torch.tensor(query_lens)).to(positions.device)
+    return TritonAttentionMetadata(rows, (positions + 1).to(torch.int32), block_tables,
+                                   block_size, part_size)
 
 
 def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor,

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from mtpserve.engine.forward_batch import ForwardBatch
-from mtpserve.kernels.paged_attention import paged_attention_ref, write_kv
+from mtpserve.kernels.paged_attention import (TritonAttentionMetadata, paged_attention_ref,
+                                              write_kv)
 
 
 class Attention(nn.Module):
@@ -34,5 +35,12 @@ class Attention(nn.Module):
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = batch.kv_caches[self.layer_idx]
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-        out = paged_attention_ref(q, k_cache, v_cache, batch.attn, self.scale)
+        m = batch.attn
+        if isinstance(m, TritonAttentionMetadata):
+            from mtpserve.kernels.paged_attention_triton import paged_attention_triton
+
+            out = paged_attention_triton(q, k_cache, v_cache, m.block_tables, m.table_row,
+                                         m.kv_len, self.scale, m.block_size, m.part_size)
+        else:
+            out = paged_attention_ref(q, k_cache, v_cache, m, self.scale)
         return out.reshape(T, self.num_heads * self.head_dim)

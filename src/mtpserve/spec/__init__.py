@@ -79,7 +79,20 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
                          f"(Qwen3-Next / Qwen3.5 with mtp_num_hidden_layers >= 1); "
                          f"{engine.model_config.model_type} has none")
     runner = ModelRunner(engine.config, engine.model_config, None, engine.max_model_len,
-                         model=target.mtp)
+                         model=target.mtp, num_blocks=engine.runner.num_blocks)
     layers = engine.model_config.num_hidden_layers
     return MTPProposer(spec.num_steps, target, runner, engine.eos_token_ids,
                        _policy(spec, engine, 2.0 / layers))
+
+
+def target_kv_share(spec: SpeculativeConfig | None, num_attention_layers: int) -> float:
+    """Fraction of the GPU's KV budget the target takes; the proposer's own KV cache (same
+    number of blocks) gets the rest: MTP has one attention layer, a self-drafting proposer as
+    many as the target, another draft model (unknown yet) is given 30%."""
+    if spec is None or spec.algorithm == "ngram":
+        return 1.0
+    if spec.algorithm in ("nextn", "mtp"):
+        return num_attention_layers / (num_attention_layers + 1)
+    if spec.algorithm == "draft" and spec.draft_model_path not in ("self", "target"):
+        return 0.7
+    return 0.5

@@ -162,9 +162,10 @@ def build_draft_runner(config: EngineConfig, draft_path: str, target_runner: Mod
     from mtpserve.loader import load_model_files
 
     slots = 2 * config.max_num_seqs  # hybrid draft models: working state + snapshot
+    blocks = target_runner.num_blocks  # a block for every block the target can hand out
     if draft_path in ("self", "target"):
         return ModelRunner(config, target_runner.model_config, None, max_model_len,
-                           model=target_runner.model, state_slots=slots)
+                           model=target_runner.model, state_slots=slots, num_blocks=blocks)
     files = load_model_files(draft_path)
     return ModelRunner(config, ModelConfig.from_hf(files.hf_config), files, max_model_len,
-                       state_slots=slots)
+                       state_slots=slots, num_blocks=blocks)

