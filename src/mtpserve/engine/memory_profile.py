@@ -4,7 +4,9 @@ Like vLLM's profiling run: with the weights (and recurrent-state slots) loaded, 
 the largest step the scheduler can produce (``max_num_batched_tokens`` prompt tokens) over a
 temporary KV cache, read the peak activation memory, and give the KV cache what is left of
 ``utilization x total`` after everything already allocated on the device (other processes
-included) and that peak. Admission then waits for free blocks instead of running out of memory.
+included) and that peak, and never more than is free (another engine in the same process or on
+the same GPU keeps what it holds). Admission then waits for free blocks instead of running out
+of memory.
 """
 
 from __future__ import annotations
@@ -58,8 +60,11 @@ def gpu_kv_blocks(runner) -> int:
     """
     peak = profile_peak_bytes(runner)
     free, total = torch.cuda.mem_get_info(runner.device)
+    weights = torch.cuda.memory_allocated(runner.device) - runner.mem_at_start
+    # this engine's share of the device (vLLM's meaning), never more than is actually free
+    budget = min(runner.config.gpu_memory_utilization * total - weights - peak,
+                 free - peak) - HEADROOM_BYTES
     used = total - free
-    budget = runner.config.gpu_memory_utilization * total - used - peak - HEADROOM_BYTES
     from mtpserve.spec import target_kv_share
 
     per_block = runner.kv_bytes_per_block()

@@ -13,8 +13,8 @@ from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.state_cache import LinearAttnMetadata, StateCache
 from mtpserve.engine.scheduler import SchedulerOutput
 from mtpserve.kernels import cpu_linear
-from mtpserve.kernels.paged_attention import (SMALL_QUERY, build_torch_metadata,
-                                              build_triton_metadata, partition_size)
+from mtpserve.kernels.paged_attention import (SMALL_QUERY, TritonAttentionMetadata,
+                                              build_torch_metadata, partition_size)
 from mtpserve.models.registry import model_class
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ class ModelRunner:
         self.config, self.model_config = config, model_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.block_size = config.block_size
+        cuda = self.device.type == "cuda"
+        self.mem_at_start = torch.cuda.memory_allocated(self.device) if cuda else 0
         self.model = model if model is not None else self._load_model(files, max_model_len)
         a = self.model.attention_layers()[0]
         self._kv_shape = (len(self.model.attention_layers()), a.num_kv_heads, a.head_dim)
@@ -105,48 +107,47 @@ class ModelRunner:
 
     # ---- per step ----------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput) -> tuple[ForwardBatch, LogitsLayout]:
-        """Flatten the scheduled sequences into one varlen batch."""
-        ids, pos, slots, qlens, slens, logits_idx, rows = [], [], [], [], [], [], []
+        """Flatten the scheduled sequences into one varlen batch (one host-to-device copy for
+        the per-token arrays, one for the per-sequence ones)."""
+        ids, pos, slots, rows_of, qlens, slens, logits_idx, rows = [], [], [], [], [], [], [], []
         bs = self.block_size
-        for s in sched.scheduled:
+        for b, s in enumerate(sched.scheduled):
             seq, start = s.seq, s.seq.num_computed_tokens
             toks = seq.token_ids[start:start + s.num_new_tokens] + s.draft_token_ids
             table = seq.block_table
             base = len(ids)
             ids.extend(toks)
-            p = list(range(start, start + len(toks)))
+            p = range(start, start + len(toks))
             pos.extend(p)
             slots.extend(table[x // bs] * bs + x % bs for x in p)
+            rows_of.extend([b] * len(toks))
             qlens.append(len(toks))
             slens.append(start + len(toks))
             n_logits = 1 + len(s.draft_token_ids) if s.samples else 0
             rows.append((len(logits_idx), n_logits))
             logits_idx.extend(range(base + len(toks) - n_logits, base + len(toks)))
+        T, B = len(ids), len(qlens)
+        per_token = torch.tensor(ids + pos + slots + rows_of, dtype=torch.int64).to(self.device)
+        per_seq = torch.tensor([0] + _cumsum(qlens) + qlens + slens + logits_idx,
+                               dtype=torch.int64).to(self.device)
         max_blocks = max(len(s.seq.block_table) for s in sched.scheduled)
-        tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table))
-                  for s in sched.scheduled]
-        dev, i64 = self.device, torch.int64
+        tables = torch.tensor([s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table))
+                               for s in sched.scheduled], dtype=torch.int32).to(self.device)
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=i64, device=dev),
-            positions=torch.tensor(pos, dtype=i64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=i64, device=dev),
-            query_start_loc=torch.tensor([0] + _cumsum(qlens), dtype=torch.int32, device=dev),
-            query_lens=torch.tensor(qlens, dtype=i64, device=dev),
-            seq_lens=torch.tensor(slens, dtype=i64, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            logits_indices=torch.tensor(logits_idx, dtype=i64, device=dev),
-            query_lens_cpu=qlens,
-            seq_lens_cpu=slens,
-        )
+            input_ids=per_token[:T], positions=per_token[T:2 * T],
+            slot_mapping=per_token[2 * T:3 * T],
+            query_start_loc=per_seq[:B + 1].to(torch.int32), query_lens=per_seq[B + 1:2 * B + 1],
+            seq_lens=per_seq[2 * B + 1:3 * B + 1], block_tables=tables,
+            logits_indices=per_seq[3 * B + 1:], query_lens_cpu=qlens, seq_lens_cpu=slens)
         batch.kv_caches = self.kv_cache.layers
         if self.state_cache is not None:
             batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
         if self.triton_attention and max(qlens) <= SMALL_QUERY:
-            batch.attn = build_triton_metadata(qlens, batch.positions, batch.block_tables, bs,
-                                               self.part_size)
+            batch.attn = TritonAttentionMetadata(
+                per_token[3 * T:].to(torch.int32), (batch.positions + 1).to(torch.int32),
+                tables, bs, self.part_size)
         else:
-            batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, dev,
-                                              self.dtype)
+            batch.attn = build_torch_metadata(qlens, slens, tables, bs, self.device, self.dtype)
         return batch, LogitsLayout(rows)
 
     def _linear_attn_metadata(self, sched: SchedulerOutput) -> LinearAttnMetadata:

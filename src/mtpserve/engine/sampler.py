@@ -151,7 +151,11 @@ class Sampler:
     def sample(self, logits: Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """Raw logits ``[N, V]`` -> :class:`SamplerOutput` (token ids ``[N]`` int64, plus
         logprobs of the raw logits for rows that ask). Same errors as :meth:`process_logits`."""
-        token_ids = self.draw(self.probs(self.process_logits(logits, rows), rows), rows)
+        if all(_plain_greedy(r) for r in rows):  # nothing to process: one argmax kernel
+            self._check(logits, rows)
+            token_ids = logits.argmax(dim=1)
+        else:
+            token_ids = self.draw(self.probs(self.process_logits(logits, rows), rows), rows)
         logprobs = None
         if any(r.params.logprobs is not None for r in rows):
             logprobs = self.logprobs(logits, token_ids, rows)
@@ -183,6 +187,13 @@ class Sampler:
         if x.dim() != 2 or x.shape[0] != len(rows) or x.shape[1] != self.vocab_size:
             raise ValueError(f"expected a [{len(rows)}, {self.vocab_size}] tensor, "
                              f"got {list(x.shape)}")
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
+    """Greedy with nothing that changes the logits (no bias, penalties or min_tokens ban)."""
+    p = row.params
+    return (p.greedy and not p.logit_bias and not p.needs_penalties
+            and (p.min_tokens == 0 or len(row.output_token_ids) >= p.min_tokens))
 
 
 def _truncation_mask(scaled: Tensor, rows: Sequence[SamplingRow]) -> Tensor | None:

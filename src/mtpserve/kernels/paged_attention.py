@@ -70,17 +70,6 @@ class TritonAttentionMetadata:
     part_size: int
 
 
-def build_triton_metadata(query_lens: list[int], positions: torch.Tensor,
-                          block_tables: torch.Tensor, block_size: int,
-                          part_size: int) -> TritonAttentionMetadata:
-    """Metadata for a batch whose tokens each attend to their own prefix (``positions`` [T])."""
-    rows = torch.repeat_interleave(
-        torch.arange(len(query_lens), dtype=torch.int32),
-        torch.tensor(query_lens)).to(positions.device)
-    return TritonAttentionMetadata(rows, (positions + 1).to(torch.int32), block_tables,
-                                   block_size, part_size)
-
-
 def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor,
                          block_size: int, device: torch.device,
                          dtype: torch.dtype = torch.float32) -> TorchAttentionMetadata:

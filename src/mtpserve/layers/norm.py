@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtpserve.kernels.dispatch import use_triton
+
 
 class RMSNorm(nn.Module):
     """``y = x / sqrt(mean(x^2) + eps) * w``, computed in float32 and cast back to x's dtype.
@@ -22,6 +24,10 @@ class RMSNorm(nn.Module):
         self.zero_centered = zero_centered
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            from mtpserve.kernels import fused_triton
+
+            return fused_triton.rms_norm(x, self.weight, self.eps, self.zero_centered)
         if not self.zero_centered:
             # one C++ op; bit-identical to the float32 formula below for float32 input
             return F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype) * self.weight

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mtpserve.kernels.dispatch import use_triton
+
 
 def _rope_parameters(hf_config: Any) -> dict:
     params = getattr(hf_config, "rope_parameters", None) or {}
@@ -56,20 +58,27 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
+        sign = torch.cat([-torch.ones(rotary_dim // 2), torch.ones(rotary_dim // 2)])
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        self.register_buffer("signed_sin", emb.sin() * scaling * sign, persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype):
-        """(cos, signed sin), each [T, 1, rotary_dim] in ``dtype``; the sin's first half is
-        negated so that rotate_half(x) * sin == roll(x, rotary_dim / 2) * signed_sin."""
-        half = self.rotary_dim // 2
-        sin = self.sin[positions].clone()
-        sin[:, :half].neg_()
-        return self.cos[positions].unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
+        """Per-step tables: (cos, signed sin, positions), cos / sin [T, 1, rotary_dim] in
+        ``dtype``, their first-half sin negated so that rotate_half(x) * sin ==
+        roll(x, rotary_dim / 2) * signed_sin. On CUDA the fused kernel reads the float32 tables
+        by position itself, and cos / sin are None."""
+        if use_triton(positions):
+            return None, None, positions
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.signed_sin[positions].unsqueeze(1).to(dtype), positions)
 
-    def apply(self, x: torch.Tensor, cos_sin) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Rotate ``x`` [T, H, D] (queries and keys may be stacked along H)."""
-        cos, sin = cos_sin
+        cos, sin, positions = rope
+        if cos is None:
+            from mtpserve.kernels import fused_triton
+
+            return fused_triton.rotary(x, positions, self.cos, self.signed_sin)
         r = self.rotary_dim
         rot = x[..., :r] if r != self.head_dim else x
         out = rot * cos + rot.roll(r // 2, dims=-1) * sin
