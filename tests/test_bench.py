@@ -1,0 +1,330 @@
+"""``mtpserve bench`` against the real SmolLM2 model: an in-process server with the n-gram
+proposer (k = 3; on the repetitive prompts some steps accept drafts, so chunks carry several
+tokens) for --url runs, and self-started ``mtpserve serve`` subprocesses for --compare. Tiny
+loads; exact counts."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import random
+import socket
+
+import httpx
+import numpy as np
+import pytest
+
+from mtpserve.bench.client import RequestRecord, RequestSpec, send_request
+from mtpserve.bench.dataset import BenchPrompt
+from mtpserve.bench.load import LoadPlan, run_level
+from mtpserve.bench.server_flags import strip_spec_flags
+from mtpserve.bench.stats import percentile, summarize
+from mtpserve.cli import main
+from mtpserve.config import EngineConfig, SpeculativeConfig
+from mtpserve.server.api import build_app, make_engine
+from mtpserve.server.runner import BackgroundServer
+from mtpserve.server.wait_ready import wait_ready
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SUMMARY_KEYS = {"concurrency", "num_requests", "num_errors", "wall_s", "output_tokens",
+                "prompt_tokens", "request_rate", "per_request_tok_s", "total_tok_s", "ttft_ms",
+                "itl_ms", "tpot_ms", "spec", "acceptance_length", "metrics_spec"}
+QUIET = ["--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def url():
+    cfg = EngineConfig(max_model_len=256, num_kv_blocks=256,
+                       speculative=SpeculativeConfig("ngram", num_steps=3))
+    with BackgroundServer(build_app(make_engine(cfg))) as srv:
+        log = io.StringIO()
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=log) == 0, log.getvalue()
+        yield srv.url
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def load(out_dir) -> dict:
+    with open(out_dir / "results.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+# --- flags and errors (no server) ---------------------------------------------------------
+
+@pytest.mark.parametrize("value, says", [("1,x", "comma-separated integers"),
+                                         ("4,0", "must be >= 1"), ("", "comma-separated")])
+def test_bad_concurrency_is_rejected(value, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--concurrency", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --concurrency" in err and says in err
+
+
+def test_unreachable_url_exits_1_with_the_reason(capsys):
+    target = closed_port_url()
+    assert main(["bench", "--url", target, *QUIET]) == 1
+    err = capsys.readouterr().err
+    assert f"mtpserve bench: cannot reach the server at {target}: ConnectError" in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--url", "http://127.0.0.1:1", "--compare"], "--compare starts its two servers itself"),
+    (["--url", "http://127.0.0.1:1", "--", "--max-model-len", "64"], "leave out --url"),
+    (["--compare"], "--compare needs speculative server flags"),
+    (["--", "--port", "9000"], "leave out --port"),
+    (["--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--", "--speculative-algorithm", "magic"], "invalid choice: 'magic'"),
+])
+def test_contradicting_flags_exit_2_before_any_server(argv, says, capsys):
+    assert main(["bench", *QUIET, *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_strip_spec_flags_drops_values_and_switches():
+    flags = ["--max-model-len", "256", "--speculative-algorithm", "ngram",
+             "--speculative-num-steps=5", "--no-speculative-adaptive", "--dtype", "float32",
+             "--speculative-ngram-max", "3", "--speculative-adaptive", "--block-size", "32"]
+    assert strip_spec_flags(flags) == ["--max-model-len", "256", "--dtype", "float32",
+                                       "--block-size", "32"]
+
+
+def test_jsonl_errors_name_the_line(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok"}\n\n{"text": "no prompt"}\n')
+    assert main(["bench", "--dataset", str(path), *QUIET]) == 2
+    assert f"{path}:3: needs \"prompt\"" in capsys.readouterr().err
+    path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert main(["bench", "--dataset", str(path), "--endpoint", "completions", *QUIET]) == 2
+    assert "needs --endpoint chat" in capsys.readouterr().err
+
+
+def test_summary_definitions_on_a_known_record():
+    rec = RequestRecord(index=0, prompt_index=0, latency=1.0, chunk_times=[0.2, 0.5, 0.6, 0.9],
+                        chunk_tokens=[1, 3, 1, 2], output_tokens=7,
+                        spec={"num_draft_tokens": 6, "num_accepted_tokens": 4,
+                              "num_verify_steps": 3})
+    bad = RequestRecord(index=1, prompt_index=1, error="HTTP 500: boom", output_tokens=99)
+    s = summarize([rec, bad], wall_s=2.0, concurrency=2)
+    assert (s["num_requests"], s["num_errors"], s["output_tokens"]) == (2, 1, 7)
+    assert s["total_tok_s"] == pytest.approx(7 / 2.0)
+    assert s["per_request_tok_s"]["mean"] == pytest.approx(7 / 1.0)
+    assert s["ttft_ms"]["p50"] == pytest.approx(200.0)
+    assert s["tpot_ms"]["p50"] == pytest.approx((0.9 - 0.2) / 6 * 1e3)
+    gaps = [0.3, 0.1, 0.3]
+    assert s["itl_ms"]["p50"] == pytest.approx(np.percentile(gaps, 50) * 1e3)
+    assert s["itl_ms"]["p99"] == pytest.approx(np.percentile(gaps, 99) * 1e3)
+    assert s["acceptance_length"] == pytest.approx((4 + 3) / 3)
+
+
+@pytest.mark.parametrize("values", [[5.0], [3.0, 1.0, 2.0], list(np.linspace(0, 7, 13) ** 2)])
+def test_percentile_matches_numpy(values):
+    for q in (0, 1, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+# --- client and load against a scripted transport ------------------------------------------
+
+def sse_body(events: list) -> bytes:
+    return "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n"
+                   for e in events).encode()
+
+
+def chunk(content: str, ids: list[int] | None = None) -> dict:
+    choice = {"index": 0, "delta": {"content": content}, "finish_reason": None}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"choices": [choice]}
+
+
+def send_one(events: list, status: int = 200) -> tuple[RequestRecord, dict]:
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content), path=request.url.path)
+        return httpx.Response(status, content=sse_body(events))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler),
+                                     base_url="http://x") as c:
+            spec = RequestSpec(model="m", output_len=5)
+            return await send_request(c, spec, BenchPrompt(text="hi"), RequestRecord(0, 0), 0.0)
+    return asyncio.run(go()), seen
+
+
+def test_request_body_and_multi_token_chunks():
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5},
+             "mtpserve": {"spec": {"num_draft_tokens": 3, "num_accepted_tokens": 2,
+                                   "num_verify_steps": 1}}}
+    rec, body = send_one([chunk("", None), chunk("a b", [1, 2, 3]), chunk("", [4]),
+                          chunk("c", [5]), usage, "[DONE]"])
+    assert body == {"path": "/v1/chat/completions", "model": "m", "stream": True,
+                    "temperature": 0.0, "stream_options": {"include_usage": True},
+                    "return_token_ids": True, "max_tokens": 5, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "hi"}]}
+    assert rec.ok and rec.chunk_tokens == [3, 1, 1] and rec.output_tokens == 5
+    assert rec.prompt_tokens == 3 and rec.spec["num_accepted_tokens"] == 2
+
+
+def test_chunks_without_token_ids_count_one_token_each():
+    rec, _ = send_one([chunk(""), chunk("x"), chunk("yz"), "[DONE]"])
+    assert rec.ok and rec.chunk_tokens == [1, 1] and rec.output_tokens == 2
+
+
+@pytest.mark.parametrize("events, status, says", [
+    ([{"error": {"message": "engine died"}}], 200, "error event: "),
+    ([chunk("x", [1])], 200, "the stream ended without [DONE]"),
+    (["not json"], 200, "a stream event that is not JSON"),
+    ([], 404, "HTTP 404: "),
+])
+def test_failures_are_recorded_not_raised(events, status, says):
+    rec, _ = send_one(events, status)
+    assert not rec.ok and rec.error.startswith(says)
+
+
+@pytest.mark.parametrize("concurrency, rate", [(3, None), (2, 500.0)])
+def test_level_keeps_at_most_c_in_flight_and_cycles_prompts(concurrency, rate):
+    state = {"now": 0, "max": 0, "prompts": []}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        state["now"] += 1
+        state["max"] = max(state["max"], state["now"])
+        state["prompts"].append(json.loads(request.content)["messages"][0]["content"])
+        await asyncio.sleep(0.05)
+        state["now"] -= 1
+        return httpx.Response(200, content=sse_body([chunk("t", [7]), "[DONE]"]))
+
+    prompts = [BenchPrompt(text=t) for t in ("p0", "p1", "p2")]
+    plan = LoadPlan(num_prompts=8, request_rate=rate, seed=3, progress=False)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler),
+                                     base_url="http://x") as c:
+            return await run_level(c, RequestSpec(model="m"), prompts, concurrency, plan)
+    records, wall = asyncio.run(go())
+    assert state["max"] == concurrency
+    assert [r.prompt_index for r in records] == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert sorted(state["prompts"]) == sorted(f"p{r.prompt_index}" for r in records)
+    assert all(r.ok and r.output_tokens == 1 for r in records)
+    if rate is not None:  # request i is not sent before the sum of its seeded arrival gaps
+        rng = random.Random(3)
+        arrivals = np.cumsum([0.0] + [rng.expovariate(rate) for _ in range(7)])
+        assert all(r.start >= a - 1e-6 for r, a in zip(records, arrivals))
+
+
+# --- against a running server (--url) -----------------------------------------------------
+
+def test_url_run_counts_every_token_and_writes_json_and_png(url, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["bench", "--url", url, "--prompt-set", "repetitive", "--concurrency", "2,4",
+                 "--num-prompts", "4", "--output-len", "8", "--output-dir", str(out), *QUIET])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    doc = load(out)
+    assert set(doc) == {"schema", "meta", "config", "runs", "comparison"}
+    assert doc["comparison"] is None and "api_key" not in doc["config"]
+    assert {"date", "git", "host", "mtpserve_version"} <= set(doc["meta"])
+    (run,) = doc["runs"]
+    assert run["model"] == "SmolLM2-135M-Instruct.Q4_1" and run["server_flags"] is None
+    assert [lv["concurrency"] for lv in run["levels"]] == [2, 4]
+    for lv in run["levels"]:
+        reqs, s = lv["requests"], lv["summary"]
+        assert set(s) == SUMMARY_KEYS
+        assert [r["prompt_index"] for r in reqs] == [0, 1, 2, 0]  # 3 prompts, cycled
+        for r in reqs:
+            assert r["error"] is None and r["finish_reason"] == "length"
+            assert r["output_tokens"] == 8 and sum(r["chunk_tokens"]) == 8
+            assert r["chunk_times"] == sorted(r["chunk_times"]) and r["chunk_times"][0] > 0
+            assert r["latency"] >= r["chunk_times"][-1]
+        assert max(t for r in reqs for t in r["chunk_tokens"]) > 1  # accepted drafts
+        assert s["num_requests"] == 4 and s["num_errors"] == 0 and s["output_tokens"] == 32
+        assert s["prompt_tokens"] == sum(r["prompt_tokens"] for r in reqs)
+        spec = {k: sum(r["spec"][k] for r in reqs if r["spec"]) for k in
+                ("num_draft_tokens", "num_accepted_tokens", "num_verify_steps")}
+        assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] > 0
+        assert s["acceptance_length"] == pytest.approx(
+            (spec["num_accepted_tokens"] + spec["num_verify_steps"]) / spec["num_verify_steps"])
+        # the /metrics deltas cover exactly the level's requests (warm-up excluded)
+        assert {k: s["metrics_spec"][k] for k in spec} == spec
+    png = (out / "results.png").read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 1000
+    rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [(row[0], row[1], row[2], row[3]) for row in rows] == [("2", "4", "0", "32"),
+                                                                  ("4", "4", "0", "32")]
+
+
+def test_jsonl_dataset_is_sent_as_written(url, tmp_path):
+    msgs = [{"role": "system", "content": "Answer in French."},
+            {"role": "user", "content": "Name three colours."}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "Say hello."}) + "\n" + json.dumps({"messages": msgs})
+                    + "\n")
+    out = tmp_path / "out"
+    assert main(["bench", "--url", url, "--dataset", str(path), "--concurrency", "1",
+                 "--num-prompts", "2", "--output-len", "4", "--warmup", "0",
+                 "--output-dir", str(out), *QUIET]) == 0
+    doc = load(out)
+    assert doc["config"]["dataset"] == str(path) and doc["config"]["prompt_set"] is None
+    reqs = doc["runs"][0]["levels"][0]["requests"]
+    expected = []
+    for messages in ([{"role": "user", "content": "Say hello."}], msgs):
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "SmolLM2-135M-Instruct.Q4_1", "messages": messages, "max_tokens": 1})
+        expected.append(r.json()["usage"]["prompt_tokens"])
+    assert [r["prompt_tokens"] for r in reqs] == expected and expected[0] != expected[1]
+    assert [r["output_tokens"] for r in reqs] == [4, 4]
+
+
+def test_completions_endpoint_sends_the_raw_prompt(url, tmp_path):
+    path = tmp_path / "raw.jsonl"
+    path.write_text(json.dumps({"prompt": "The capital of France is"}) + "\n")
+    out = tmp_path / "out"
+    assert main(["bench", "--url", url + "/v1", "--dataset", str(path), "--endpoint",
+                 "completions", "--concurrency", "1", "--num-prompts", "1", "--output-len", "4",
+                 "--warmup", "0", "--output-dir", str(out), *QUIET]) == 0
+    (req,) = load(out)["runs"][0]["levels"][0]["requests"]
+    r = httpx.post(url + "/v1/completions", timeout=120, json={
+        "model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "The capital of France is",
+        "max_tokens": 1}).json()
+    assert req["prompt_tokens"] == r["usage"]["prompt_tokens"]
+    assert req["output_tokens"] == 4 and sum(req["chunk_tokens"]) == 4
+
+
+# --- self-started servers (subprocess) -----------------------------------------------------
+
+def test_compare_starts_off_then_on_servers_and_prints_ratios(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code = main(["bench", "--compare", "--prompt-set", "repetitive", "--concurrency", "2",
+                 "--num-prompts", "2", "--output-len", "8", "--warmup", "0",
+                 "--output-dir", str(out), *QUIET, "--", "--speculative-algorithm", "ngram",
+                 "--max-model-len", "256", "--kv-cache-memory", "0.125"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    doc = load(out)
+    off, on = doc["runs"]
+    assert (off["label"], on["label"]) == ("spec off", "spec on")
+    assert off["server_flags"] == ["--max-model-len", "256", "--kv-cache-memory", "0.125"]
+    assert on["server_flags"] == ["--speculative-algorithm", "ngram", "--max-model-len", "256",
+                                  "--kv-cache-memory", "0.125"]
+    assert off["model_path"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    s_off, s_on = off["levels"][0]["summary"], on["levels"][0]["summary"]
+    assert s_off["output_tokens"] == s_on["output_tokens"] == 16
+    assert s_off["acceptance_length"] is None and s_off["metrics_spec"] is None
+    assert s_on["acceptance_length"] is not None and s_on["acceptance_length"] >= 1.0
+    assert s_on["metrics_spec"]["num_verify_steps"] == s_on["spec"]["num_verify_steps"]
+    (row,) = doc["comparison"]
+    assert row["concurrency"] == 2
+    assert row["ratio"]["total_tok_s"] == pytest.approx(s_on["total_tok_s"] / s_off["total_tok_s"])
+    assert row["ratio"]["tpot_p50"] == pytest.approx(s_on["tpot_ms"]["p50"] / s_off["tpot_ms"]["p50"])
+    assert row["acceptance_length"] == s_on["acceptance_length"]
+    assert "== speculation on vs off" in stdout and "on/off" in stdout
+    assert (out / "server-spec-off.log").exists() and (out / "server-spec-on.log").exists()
+    assert (out / "results.png").read_bytes().startswith(PNG_SIGNATURE)
+    for run in doc["runs"]:  # both servers were stopped
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(run["url"] + "/health", timeout=5)
