@@ -68,13 +68,13 @@ def main() -> None:
             for label, llm in engines.items():
                 llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0))
                 r = run(llm, prompts, conc, a.max_tokens)
-                base = base or r
-                same = r["ids"] == base["ids"]
+                ids = r.pop("ids")
+                base = base or {**r, "ids": ids}
+                same = ids == base["ids"]
                 al = r["acceptance_length"]
                 print(f"{name:11}{conc:5} {label:14}{r['per_request_tok_s']:10.1f}"
                       f"{r['total_tok_s']:12.0f}{r['per_request_tok_s'] / base['per_request_tok_s']:9.2f}"
                       f"{'' if al is None else f'{al:.2f}':>8}  {same}")
-                r.pop("ids")
                 r["same_as_off"] = same
                 results[f"{name}/c{conc}/{label}"] = r
     if a.json:

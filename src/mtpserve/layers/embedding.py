@@ -49,7 +49,12 @@ class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None  # see kernels/cpu_linear.py
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = cpu_linear.linear(hidden, self.weight, None, self.packed).float()
+        if hidden.is_cuda and hidden.dtype != torch.float32:
+            # float32 logits straight from the bf16/fp16 product (cuBLAS accumulates in float32):
+            # rounding logits to bf16 (steps of 0.125 near 20) would turn near-ties into ties
+            logits = torch.mm(hidden, self.weight.t(), out_dtype=torch.float32)
+        else:
+            logits = cpu_linear.linear(hidden, self.weight, None, self.packed).float()
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, logits)
