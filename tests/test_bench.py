@@ -320,7 +320,8 @@ def test_compare_starts_off_then_on_servers_and_prints_ratios(tmp_path, capsys):
     (row,) = doc["comparison"]
     assert row["concurrency"] == 2
     assert row["ratio"]["total_tok_s"] == pytest.approx(s_on["total_tok_s"] / s_off["total_tok_s"])
-    assert row["ratio"]["tpot_p50"] == pytest.approx(s_on["tpot_ms"]["p50"] / s_off["tpot_ms"]["p50"])
+    assert row["ratio"]["tpot_p50"] == pytest.approx(
+        s_on["tpot_ms"]["p50"] / s_off["tpot_ms"]["p50"])
     assert row["acceptance_length"] == s_on["acceptance_length"]
     assert "== speculation on vs off" in stdout and "on/off" in stdout
     assert (out / "server-spec-off.log").exists() and (out / "server-spec-on.log").exists()

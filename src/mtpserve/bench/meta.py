@@ -20,7 +20,8 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 
 
 def git_commit() -> dict | None:
-    """``{"commit", "dirty"}`` of the git checkout holding the mtpserve package; None outside one."""
+    """``{"commit", "dirty"}`` of the git checkout holding the mtpserve package; None outside
+    one."""
     here = os.path.dirname(os.path.abspath(mtpserve.__file__))
     commit = _run(["git", "rev-parse", "HEAD"], cwd=here)
     if commit is None:

@@ -103,7 +103,8 @@ async def bench_server(url: str, opts: BenchOptions, label: str) -> dict:
 
     Returns ``{"label", "url", "model", "levels": [{"concurrency", "summary", "requests"}]}``;
     each summary (see ``stats.summarize``) also has ``metrics_spec``: the /metrics counter
-    deltas over the level (None without speculative counters).
+    deltas over the level (None without speculative counters), whose acceptance length stands
+    in when the responses carry no ``mtpserve.spec``.
     """
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     limits = httpx.Limits(max_connections=max(opts.concurrencies) + 4)
@@ -121,7 +122,10 @@ async def bench_server(url: str, opts: BenchOptions, label: str) -> dict:
             before = await scrape_spec_counters(client)
             records, wall = await run_level(client, spec, opts.prompts, c, opts.load, label)
             summary = summarize(records, wall, c)
-            summary["metrics_spec"] = counters_delta(before, await scrape_spec_counters(client))
+            summary["metrics_spec"] = delta = counters_delta(
+                before, await scrape_spec_counters(client))
+            if summary["acceptance_length"] is None and delta is not None:
+                summary["acceptance_length"] = delta["acceptance_length"]
             levels.append({"concurrency": c, "summary": summary,
                            "requests": [r.to_dict() for r in records]})
     return {"label": label, "url": url, "model": model, "levels": levels}

@@ -85,7 +85,7 @@ class ServerProcess:
                 raise BenchError(f"the server on {self.url} was not ready after "
                                  f"{self.ready_timeout_s:g} s{self._log_tail()}")
             out = io.StringIO()
-            code = wait_ready(self.url, min(2.0, left), api_key=self.api_key, interval_s=0.2,
+            code = wait_ready(self.url, min(2.0, left), api_key=self.api_key, interval_s=0.5,
                               out=out)
             if code == EXIT_READY:
                 return
