@@ -42,6 +42,7 @@ class IncrementalDetokenizer:
         if any(not s for s in stop):
             raise ValueError("stop strings must be non-empty")
         self._tok = tokenizer
+        self._backend = _plain_backend(tokenizer)
         self._skip = skip_special_tokens
         self._stops = list(stop)
         self._include_stop = include_stop_str_in_output
@@ -107,6 +108,8 @@ class IncrementalDetokenizer:
         return self.take_new_text()
 
     def _decode(self, start: int, end: int) -> str:
+        if self._backend is not None:
+            return self._backend.decode(self._ids[start:end], skip_special_tokens=self._skip)
         return self._tok.decode(self._ids[start:end], skip_special_tokens=self._skip)
 
     def _advance_window(self) -> None:
@@ -155,3 +158,18 @@ class IncrementalDetokenizer:
             if any(s.startswith(tail) for s in self._stops):
                 return n
         return 0
+
+
+def _plain_backend(tokenizer):
+    """The Rust ``tokenizers`` object when ``tokenizer.decode`` is exactly its decode (a fast
+    tokenizer whose clean-up step does not apply), else None. Decoding through it directly skips
+    the transformers wrapper, ~5x faster per call (one call per generated token matters at batch
+    64)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    cleanup = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+    if cleanup and type(backend.model).__name__ == "BPE":  # transformers skips it for BPE
+        cleanup = bool(getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_"
+                                          "will_corrupt_output", False))
+    return None if cleanup else backend
