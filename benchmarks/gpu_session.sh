@@ -21,5 +21,6 @@ run)
   python3 -m pytest -q -x tests/test_gpu.py tests/test_sampler.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   python3 benchmarks/gpu_spec.py --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -5
   ;;
 esac
