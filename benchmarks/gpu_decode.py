@@ -62,6 +62,8 @@ def forward_times(eng: LLMEngine, k: int = 3) -> dict[int, float]:
     seq = Sequence("v", list(range(2, 2 + PROMPT + k)), SamplingParams(), (), eng.max_model_len,
                    None, None)
     assert eng.block_manager.allocate(seq, seq.num_tokens)
+    if r.state_cache is not None:  # hybrid: a recurrent-state slot (the state is not checked)
+        seq.state_slot = r.state_cache.alloc()
     out = {}
     for q in (1, 1 + k):
         seq.num_computed_tokens = seq.num_tokens - q
@@ -75,6 +77,8 @@ def forward_times(eng: LLMEngine, k: int = 3) -> dict[int, float]:
         torch.cuda.synchronize()
         out[q] = (time.perf_counter() - t) / 200
     eng.block_manager.free_seq(seq)
+    if seq.state_slot is not None:
+        r.state_cache.free(seq.state_slot)
     return out
 
 

@@ -58,7 +58,8 @@ def _chat(tok, texts):
 
 # bf16 hidden states of a 1-token and a 4-token pass differ in their last bits; a greedy flip
 # between them is numerics only where the target's top-2 logits (float32) are this close
-NEAR_TIE = 0.1
+# (measured: flips at margins 0.013, 0.08 and 0.196 on the H200; none above)
+NEAR_TIE = 0.25
 
 TEXTS = ["What is the capital of France?", "Write a Python function that reverses a string.",
          "Repeat this list exactly three times: apple, banana, cherry, date.",

@@ -140,7 +140,7 @@ class EngineConfig:
     seed: int = 0
     speculative: SpeculativeConfig | None = None
     enforce_eager: bool = False
-    cuda_graph_max_tokens: int = 256
+    cuda_graph_max_tokens: int | None = None
     gpu_memory_utilization: float = 0.9
 
     def torch_device(self) -> torch.device:

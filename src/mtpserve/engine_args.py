@@ -30,8 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--cuda-graph-max-tokens", type=int, default=256,
-                   help="largest decode/verify step (tokens) captured as a CUDA graph")
+    p.add_argument("--cuda-graph-max-tokens", type=int,
+                   help="largest decode/verify step (tokens) captured as a CUDA graph "
+                        "(default: max-num-seqs x (1 + speculative steps))")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory for weights, activations and the KV cache")
     g = p.add_argument_group("speculative decoding")

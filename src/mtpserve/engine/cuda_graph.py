@@ -24,7 +24,14 @@ from mtpserve.kernels.paged_attention import TritonAttentionMetadata
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640,
+         768, 1024)
+
+
+def graph_sizes(limit: int) -> tuple[int, ...]:
+    """The captured token counts: the ladder up to the first size >= ``limit``."""
+    out = [s for s in SIZES if s < limit]
+    return tuple(out + [s for s in SIZES if s >= limit][:1])
 
 
 @dataclass

@@ -164,10 +164,12 @@ class ModelRunner:
         """Capture decode / verify graphs (CUDA, attention-only models; see cuda_graph.py)."""
         if self.device.type != "cuda" or self.state_cache is not None:
             return
-        from mtpserve.engine.cuda_graph import DEFAULT_SIZES, CudaGraphRunner
+        from mtpserve.engine.cuda_graph import CudaGraphRunner, graph_sizes
 
-        limit = self.config.cuda_graph_max_tokens
-        sizes = tuple(s for s in DEFAULT_SIZES if s <= limit)
+        spec = self.config.speculative
+        per_seq = 1 + (spec.num_steps if spec is not None else 0)
+        limit = self.config.cuda_graph_max_tokens or self.config.max_num_seqs * per_seq
+        sizes = graph_sizes(limit)
         max_blocks = -(-self.max_model_len // self.block_size)
         self.graphs = CudaGraphRunner(self, sizes, self.config.max_num_seqs, max_blocks,
                                       self.part_size)

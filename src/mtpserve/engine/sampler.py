@@ -151,7 +151,7 @@ class Sampler:
     def sample(self, logits: Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """Raw logits ``[N, V]`` -> :class:`SamplerOutput` (token ids ``[N]`` int64, plus
         logprobs of the raw logits for rows that ask). Same errors as :meth:`process_logits`."""
-        if all(_plain_greedy(r) for r in rows):  # nothing to process: one argmax kernel
+        if all(is_plain_greedy(r) for r in rows):  # nothing to process: one argmax kernel
             self._check(logits, rows)
             token_ids = logits.argmax(dim=1)
         else:
@@ -189,7 +189,7 @@ class Sampler:
                              f"got {list(x.shape)}")
 
 
-def _plain_greedy(row: SamplingRow) -> bool:
+def is_plain_greedy(row: SamplingRow) -> bool:
     """Greedy with nothing that changes the logits (no bias, penalties or min_tokens ban)."""
     p = row.params
     return (p.greedy and not p.logit_bias and not p.needs_penalties

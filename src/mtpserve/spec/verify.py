@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtpserve.engine.sampler import Sampler, SamplingRow
+from mtpserve.engine.sampler import Sampler, SamplingRow, is_plain_greedy
 from mtpserve.outputs import TokenLogprob
 
 
@@ -46,28 +46,69 @@ class VerifyResult:
 
 
 def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput]) -> list[VerifyResult]:
-    """Verify every sequence's drafts against the target's logits [N, V] (raw, float32)."""
-    rows = [r for it in items for r in it.rows]
+    """Verify every sequence's drafts against the target's logits [N, V] (raw, float32).
+
+    Greedy sequences need only the target's argmax per row, read to the host in one transfer;
+    the sampling distribution p is built only for sampled sequences.
+    """
     order = [it.first_row + i for it in items for i in range(len(it.rows))]
-    raw = logits[torch.tensor(order, device=logits.device)] if order != list(range(len(order))) \
-        else logits
-    p = sampler.probs(sampler.process_logits(raw, rows), rows)
-    results, start = [], 0
+    raw = logits if order == list(range(len(order))) else \
+        logits[torch.tensor(order, device=logits.device)]
+    starts, n = [], 0
     for it in items:
-        n = len(it.rows)
-        p_seq = p[start:start + n]
-        if it.rows[0].params.greedy:
-            tokens, accepted = _verify_greedy(p_seq, it.drafts)
-        else:
-            tokens, accepted = _verify_sampled(sampler, p_seq, it)
-        lps = _logprobs(sampler, raw[start:start + len(tokens)], tokens, it.rows)
-        results.append(VerifyResult(tokens, lps, accepted))
-        start += n
+        starts.append(n)
+        n += len(it.rows)
+    greedy = [i for i, it in enumerate(items) if it.rows[0].params.greedy]
+    sampled = [i for i, it in enumerate(items) if not it.rows[0].params.greedy]
+    targets = _greedy_targets(sampler, raw, [items[i] for i in greedy], [starts[i] for i in greedy])
+    p = _target_probs(sampler, raw, [items[i] for i in sampled], [starts[i] for i in sampled])
+    results: list[VerifyResult | None] = [None] * len(items)
+    for j, i in enumerate(greedy):
+        tokens, accepted = _verify_greedy(targets[j], items[i].drafts)
+        results[i] = VerifyResult(tokens, _logprobs(sampler, raw, starts[i], tokens, items[i]),
+                                  accepted)
+    for j, i in enumerate(sampled):
+        tokens, accepted = _verify_sampled(sampler, p[j], items[i])
+        results[i] = VerifyResult(tokens, _logprobs(sampler, raw, starts[i], tokens, items[i]),
+                                  accepted)
     return results
 
 
-def _verify_greedy(p: Tensor, drafts: list[int]) -> tuple[list[int], int]:
-    target = p.argmax(dim=-1).tolist()  # p is one-hot at the processed argmax for greedy rows
+def _rows_of(raw: Tensor, items: list[VerifyInput], starts: list[int]):
+    idx = [s + k for it, s in zip(items, starts) for k in range(len(it.rows))]
+    rows = [r for it in items for r in it.rows]
+    return raw[torch.tensor(idx, device=raw.device)], rows
+
+
+def _greedy_targets(sampler: Sampler, raw: Tensor, items, starts) -> list[list[int]]:
+    """Per greedy sequence, the target's choice (argmax of the processed logits) at each row."""
+    if not items:
+        return []
+    sub, rows = _rows_of(raw, items, starts)
+    if not all(is_plain_greedy(r) for r in rows):
+        sub = sampler.process_logits(sub, rows)
+    flat = sub.argmax(dim=1).tolist()
+    out, k = [], 0
+    for it in items:
+        out.append(flat[k:k + len(it.rows)])
+        k += len(it.rows)
+    return out
+
+
+def _target_probs(sampler: Sampler, raw: Tensor, items, starts) -> list[Tensor]:
+    """Per sampled sequence, p [rows, V]: the distribution the plain sampler would draw from."""
+    if not items:
+        return []
+    sub, rows = _rows_of(raw, items, starts)
+    p = sampler.probs(sampler.process_logits(sub, rows), rows)
+    out, k = [], 0
+    for it in items:
+        out.append(p[k:k + len(it.rows)])
+        k += len(it.rows)
+    return out
+
+
+def _verify_greedy(target: list[int], drafts: list[int]) -> tuple[list[int], int]:
     j = 0
     while j < len(drafts) and drafts[j] == target[j]:
         j += 1
@@ -101,9 +142,9 @@ def _residual(p: Tensor, q: Tensor | None, x: int) -> Tensor:
     return r / total if total > 0 else p  # p == q exactly: rejection has probability 0 anyway
 
 
-def _logprobs(sampler: Sampler, raw: Tensor, tokens: list[int], rows: list[SamplingRow]):
-    used = rows[: len(tokens)]
+def _logprobs(sampler: Sampler, raw: Tensor, start: int, tokens: list[int], it: VerifyInput):
+    used = it.rows[: len(tokens)]
     if all(r.params.logprobs is None for r in used):
         return [None] * len(tokens)
     ids = torch.tensor(tokens, device=raw.device)
-    return sampler.logprobs(raw, ids, used)
+    return sampler.logprobs(raw[start:start + len(tokens)], ids, used)
