@@ -52,3 +52,23 @@ def test_an_idle_request_drifts_back_and_tries_again():
         tries += 1
         assert tries < 200
     assert p.num_drafts(s) >= 1
+
+
+def test_measured_step_costs_stop_drafting_when_verify_steps_get_expensive():
+    """With measured step times: at batch 1 verify steps cost what a decode step costs, so every
+    draft pays; at batch 64 a step of 64 x (1 + m) tokens costs ~(1 + m) times more, and even a
+    good acceptance estimate does not pay for it."""
+    times = {1: 1.0, 2: 1.0, 4: 1.02, 64: 1.5, 128: 3.0, 192: 4.5, 256: 6.0, 320: 7.5}
+
+    def cost(tokens):
+        size = next((s for s in sorted(times) if s >= tokens), None)
+        return None if size is None else times[size]
+
+    p = DraftLengthPolicy(3, 0.0, prior=0.7, step_cost=cost)
+    s = seq()
+    p.set_batch(1)
+    assert p.num_drafts(s) == 3
+    p.set_batch(64)
+    assert p.num_drafts(s) == 0
+    p.set_batch(100)  # 100 x (1 + m) tokens cost 2x and more, or were never measured
+    assert p.num_drafts(s) == 0

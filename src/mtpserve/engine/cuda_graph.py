@@ -57,6 +57,7 @@ class CudaGraphRunner:
         self.sizes = sorted(sizes)
         self.max_seqs, self.max_blocks, self.part_size = max_seqs, max_blocks, part_size
         self.graphs: dict[int, _Graph] = {}
+        self.costs: dict[int, float] = {}
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -73,8 +74,11 @@ class CudaGraphRunner:
                 hidden, logits = self._forward(batch)
             self.graphs[size] = _Graph(g, batch, hidden, logits)
         torch.cuda.synchronize()
-        logger.info("captured %d CUDA graphs (1..%d tokens) in %.1f s", len(self.sizes),
-                    self.sizes[-1], time.perf_counter() - t0)
+        self.costs = self.measure()
+        logger.info("captured %d CUDA graphs (1..%d tokens) in %.1f s; replay %.3f ms at 1 token, "
+                    "%.3f ms at %d", len(self.sizes), self.sizes[-1], time.perf_counter() - t0,
+                    self.costs[self.sizes[0]] * 1e3, self.costs[self.sizes[-1]] * 1e3,
+                    self.sizes[-1])
 
     def _forward(self, batch: ForwardBatch):
         hidden = self.runner.model(batch)
@@ -98,6 +102,29 @@ class CudaGraphRunner:
             query_lens_cpu=[1] * rows, seq_lens_cpu=[1] * rows, attn=attn)
         batch.kv_caches = self.runner.kv_cache.layers
         return batch
+
+    @torch.inference_mode()
+    def measure(self, repeats: int = 5) -> dict[int, float]:
+        """Seconds per replay of each captured size (median of ``repeats``): the cost of a step
+        by its token count, which the speculation policy uses to price drafts."""
+        cost = {}
+        for size, g in self.graphs.items():
+            times = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                g.graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            cost[size] = sorted(times)[len(times) // 2]
+        return cost
+
+    def step_cost(self, tokens: int) -> float | None:
+        """Measured seconds of a step of ``tokens`` tokens (the graph it would replay), or None
+        beyond the largest graph."""
+        size = next((s for s in self.sizes if s >= tokens), None)
+        return None if size is None else self.costs.get(size)
 
     # ---- per step ----------------------------------------------------------------------------
     def can_run(self, batch: ForwardBatch) -> bool:

@@ -51,7 +51,13 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPo
     if not spec.adaptive:
         return None
     alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
-    return DraftLengthPolicy(spec.num_steps, alpha + draft_cost)
+    runner = engine.runner
+
+    def step_cost(tokens: int) -> float | None:  # measured once CUDA graphs are captured
+        return runner.graphs.step_cost(tokens) if runner.graphs is not None else None
+
+    return DraftLengthPolicy(spec.num_steps, alpha + draft_cost, step_cost=step_cost,
+                             draft_cost=draft_cost)
 
 
 def _num_params(model) -> int:

@@ -4,8 +4,11 @@ than it saves.
 Model (Leviathan et al. 2023, sec. 3.3): if each draft token is accepted with probability a
 independently, verifying m drafts emits E(m) = (1 - a^(m+1)) / (1 - a) tokens, and the step costs
 C(m) = 1 + (alpha + beta) * m decode steps, where alpha is the target's extra cost per verified
-token (small when decoding is memory-bound) and beta the proposer's cost per draft. The policy
-picks the m in 0..k that maximises E(m) / C(m); m = 0 means plain decoding.
+token (small when decoding is memory-bound) and beta the proposer's cost per draft. On a GPU with
+CUDA graphs the target's part is measured instead: C(m) = t(B (1 + m)) / t(B) + beta * m, with
+t(n) the replay time of the step graph for n tokens and B the sequences decoding together, so
+at high load, where a step of B (1 + m) tokens is compute-bound, drafting stops paying and stops.
+The policy picks the m in 0..k that maximises E(m) / C(m); m = 0 means plain decoding.
 
 a is estimated per request from its own verify steps with exponential forgetting: each step that
 verified m drafts and accepted j adds j successes out of j + (1 if j < m else 0) trials (the
@@ -31,16 +34,36 @@ class DraftLengthPolicy:
     """Per-request draft length.
 
     Args:
-        k: most drafts per step. cost_per_draft: alpha + beta above (in decode steps).
+        k: most drafts per step. cost_per_draft: alpha + beta above (in decode steps), used when
+        nothing is measured; step_cost: ``tokens -> seconds | None`` (measured target steps);
+        draft_cost: beta alone (added to the measured ratio).
         prior: starting acceptance estimate; prior_weight: its weight in trials;
         decay: forgetting factor per verify step.
     """
 
     def __init__(self, k: int, cost_per_draft: float, prior: float = 0.6,
-                 prior_weight: float = 2.0, decay: float = 0.8):
-        self.k, self.cost = k, cost_per_draft
+                 prior_weight: float = 2.0, decay: float = 0.8, step_cost=None,
+                 draft_cost: float = 0.0):
+        self.k, self.cost, self.draft_cost = k, cost_per_draft, draft_cost
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.step_cost = step_cost  # measured seconds of a target step by token count, or None
+        self.batch = 1
         self._est: dict[str, _Estimate] = {}
+
+    def set_batch(self, num_seqs: int) -> None:
+        """Sequences decoding together this step (prices the verify step when costs are
+        measured)."""
+        self.batch = max(1, num_seqs)
+
+    def _relative_cost(self, m: int) -> float:
+        """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
+        base = self.step_cost(self.batch) if self.step_cost is not None else None
+        if base:
+            spec = self.step_cost(self.batch * (1 + m))
+            if not spec:
+                return float("inf")   # past the largest measured step: not worth risking
+            return spec / base + self.draft_cost * m
+        return 1 + self.cost * m
 
     def acceptance(self, seq: Sequence) -> float:
         e = self._est.get(seq.request_id)
@@ -51,7 +74,7 @@ class DraftLengthPolicy:
         a = min(self.acceptance(seq), 0.999)
         best, best_rate = 0, 1.0
         for m in range(1, self.k + 1):
-            rate = (1 - a ** (m + 1)) / (1 - a) / (1 + self.cost * m)
+            rate = (1 - a ** (m + 1)) / (1 - a) / self._relative_cost(m)
             if rate > best_rate:
                 best, best_rate = m, rate
         if best == 0:  # not drafting: drift back towards the prior so that it tries again

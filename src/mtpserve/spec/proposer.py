@@ -28,6 +28,8 @@ class Proposer(ABC):
     def propose(self, seqs: list[Sequence]) -> None:
         """Fill in drafts for ``seqs`` (each has exactly one token without K/V: its newest)."""
         work = []
+        if self.policy is not None:
+            self.policy.set_batch(len(seqs))
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
             budget = min(self.k, seq.room_for_drafts)
