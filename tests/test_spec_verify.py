@@ -102,3 +102,20 @@ def test_seeded_verification_is_reproducible():
 ])
 def test_ngram_lookup(tokens, k, expected):
     assert ngram_lookup(np.array(tokens, dtype=np.int64), 1, 3, k) == expected
+
+
+def test_incremental_ngram_index_agrees_with_the_array_scan():
+    """The proposer's hash index and the numpy scan draft the same tokens at every length of
+    random, repetitive sequences grown token by token (several tokens at a time too)."""
+    from mtpserve.spec.ngram import NgramIndex
+
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        alphabet = int(rng.integers(2, 6))
+        tokens = rng.integers(0, alphabet, 120).tolist()
+        idx, length = NgramIndex(1, 3), 2
+        while length <= len(tokens):
+            prefix = tokens[:length]
+            expected = ngram_lookup(np.array(prefix, dtype=np.int64), 1, 3, 4)
+            assert idx.lookup(prefix, 4) == expected, (trial, length)
+            length += int(rng.integers(1, 4))

@@ -187,7 +187,9 @@ class LLMEngine:
                     break
 
     def _row(self, seq: Sequence, drafts: list[int] = ()) -> SamplingRow:
-        out = seq.output_token_ids + list(drafts) if drafts else seq.output_token_ids
+        p = seq.params
+        history = drafts and (p.needs_penalties or p.min_tokens > 0)  # else the row never reads it
+        out = seq.output_token_ids + list(drafts) if history else seq.output_token_ids
         return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, out, self.eos_token_ids)
 
     def _postprocess(self, s: ScheduledSeq) -> list[RequestOutput]:

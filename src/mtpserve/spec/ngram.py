@@ -31,14 +31,52 @@ def ngram_lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int
     return []
 
 
+class NgramIndex:
+    """Incremental version of :func:`ngram_lookup` for one growing sequence: for each n, a hash
+    map from an n-gram to the latest start at which it is followed by a token. Each new token
+    adds n_max - n_min + 1 entries, and a lookup is n_max - n_min + 1 probes, whatever the
+    length (the whole-array scan costs O(length) per step, which at 64 sequences dominated a
+    GPU step)."""
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.indexed = 0   # tokens[:indexed] have had their windows (those with a successor) added
+
+    def update(self, tokens: list[int]) -> None:
+        """Index every window of ``tokens`` that ends before the last token."""
+        last = len(tokens) - 1        # a window must be followed by a token
+        for end in range(max(self.indexed, 1), last + 1):   # window ends at tokens[end - 1]
+            for n, m in self.maps.items():
+                if end >= n:
+                    m[tuple(tokens[end - n:end])] = end - n
+        self.indexed = max(self.indexed, last + 1)
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        self.update(tokens)
+        L = len(tokens)
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            start = self.maps[n].get(tuple(tokens[L - n:]))
+            if start is not None:
+                return tokens[start + n:start + n + k]
+        return []
+
+
 class NgramProposer(Proposer):
-    """Deterministic drafts (one-hot q) from :func:`ngram_lookup`."""
+    """Deterministic drafts (one-hot q): the continuation of the longest recent n-gram match."""
 
     def __init__(self, num_steps: int, ngram_min: int, ngram_max: int, policy=None):
         super().__init__(num_steps, policy)
         self.n_min, self.n_max = ngram_min, ngram_max
+        self.index: dict[str, NgramIndex] = {}
 
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
         for seq, budget in work:
-            tokens = np.asarray(seq.token_ids, dtype=np.int64)
-            seq.draft_token_ids = ngram_lookup(tokens, self.n_min, self.n_max, budget)
+            idx = self.index.get(seq.request_id)
+            if idx is None:
+                idx = self.index[seq.request_id] = NgramIndex(self.n_min, self.n_max)
+            seq.draft_token_ids = idx.lookup(seq.token_ids, budget)
+
+    def release(self, seq: Sequence) -> None:
+        super().release(seq)
+        self.index.pop(seq.request_id, None)

@@ -77,6 +77,8 @@ def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput]) -> list[V
 def _rows_of(raw: Tensor, items: list[VerifyInput], starts: list[int]):
     idx = [s + k for it, s in zip(items, starts) for k in range(len(it.rows))]
     rows = [r for it in items for r in it.rows]
+    if idx == list(range(idx[0], idx[0] + len(idx))):  # contiguous (e.g. all greedy): a view
+        return raw[idx[0]:idx[0] + len(idx)], rows
     return raw[torch.tensor(idx, device=raw.device)], rows
 
 
