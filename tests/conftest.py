@@ -30,3 +30,14 @@ def smollm2_llm():
     from mtpserve import LLM
 
     return LLM(None, dtype="float32", device="cpu", max_model_len=2048, num_kv_blocks=1024)
+
+
+@pytest.fixture(autouse=True)
+def _collect_engines():
+    """Engines hold ~1 GB each on CPU (float32 weights, their MKL-packed copy, the KV cache) and
+    sit in reference cycles (engine <-> proposer): free them after each test, not at some later
+    garbage collection, so the suite fits in CI's memory."""
+    yield
+    import gc
+
+    gc.collect()
