@@ -72,3 +72,15 @@ def test_measured_step_costs_stop_drafting_when_verify_steps_get_expensive():
     assert p.num_drafts(s) == 0
     p.set_batch(100)  # 100 x (1 + m) tokens cost 2x and more, or were never measured
     assert p.num_drafts(s) == 0
+
+
+def test_step_timer_learns_host_seconds_per_token():
+    from mtpserve.engine.step_timer import StepTimer
+
+    t = StepTimer(decay=0.5)
+    t.record(64, 0.005, None)          # no device time known: nothing learned
+    assert t.host_per_token == 0.0
+    t.record(64, 0.005, 0.003)         # 2 ms of host time over 64 tokens
+    assert t.host_per_token == 0.002 / 64
+    t.record(100, 0.001, 0.003)        # faster than the device estimate: counts as zero
+    assert t.host_per_token == 0.001 / 64

@@ -15,6 +15,7 @@ from mtpserve.engine.sampler import Sampler, SamplingRow
 from mtpserve.engine.scheduler import ScheduledSeq, Scheduler
 from mtpserve.engine.sequence import Sequence
 from mtpserve.engine.stats_logger import StatsLogger
+from mtpserve.engine.step_timer import StepTimer
 from mtpserve.engine.validation import validate_request
 from mtpserve.outputs import RequestOutput
 from mtpserve.sampling_params import SamplingParams
@@ -68,6 +69,7 @@ class LLMEngine:
         self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
         self.proposer = build_proposer(config.speculative, self)
         self.stats_logger = StatsLogger()
+        self.step_timer = StepTimer()
         if not config.enforce_eager:
             self.runner.capture_cuda_graphs()
         logger.info("engine built in %.1f s (%s, %s, max_model_len %d)", time.perf_counter() - t0,
@@ -119,6 +121,7 @@ class LLMEngine:
         Under speculation the proposer first drafts tokens for every decoding sequence; the
         target then verifies all drafts in the same pass that decodes the others.
         """
+        t0 = time.perf_counter()
         if self.proposer is not None:
             self.proposer.propose([s for s in self.scheduler.running if not s.in_prefill])
         sched = self.scheduler.schedule()
@@ -140,6 +143,10 @@ class LLMEngine:
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
         self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
+        graphs = self.runner.graphs
+        if graphs is not None and graphs.can_run(batch):
+            self.step_timer.record(batch.num_tokens, time.perf_counter() - t0,
+                                   graphs.step_cost(batch.num_tokens))
         return outputs
 
     @staticmethod

@@ -53,8 +53,12 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPo
     alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
     runner = engine.runner
 
-    def step_cost(tokens: int) -> float | None:  # measured once CUDA graphs are captured
-        return runner.graphs.step_cost(tokens) if runner.graphs is not None else None
+    def step_cost(tokens: int) -> float | None:
+        """Measured once CUDA graphs are captured: device time plus learned host time."""
+        device = runner.graphs.step_cost(tokens) if runner.graphs is not None else None
+        if device is None:
+            return None
+        return device + engine.step_timer.host_per_token * tokens
 
     return DraftLengthPolicy(spec.num_steps, alpha + draft_cost, step_cost=step_cost,
                              draft_cost=draft_cost)
