@@ -1,4 +1,4 @@
-"""``mtpserve`` command line: serve | generate | wait-ready."""
+"""``mtpserve`` command line: serve | generate | wait-ready | bench."""
 
 from __future__ import annotations
 
