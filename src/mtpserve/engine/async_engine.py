@@ -73,11 +73,15 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the loop; requests still in flight end with ``finish_reason="abort"``."""
+        """Stop the loop; requests still in flight end with ``finish_reason="abort"``. Once the
+        loop has ended, the LLMEngine (weights, KV cache) is released: an app's routes keep this
+        object alive after the server stops (FastAPI caches endpoint callables globally)."""
         self._stop.set()
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self.engine = self._factory = None
 
     @property
     def alive(self) -> bool:

@@ -56,29 +56,39 @@ class CudaGraphRunner:
         self.runner = runner
         self.sizes = sorted(sizes)
         self.max_seqs, self.max_blocks, self.part_size = max_seqs, max_blocks, part_size
-        self.graphs: dict[int, _Graph] = {}
-        self.costs: dict[int, float] = {}
+        self.graphs: dict = {}
+        self.costs: dict = {}
+
+    def keys(self) -> list:
+        """What a graph is captured for, smallest first: here its token count."""
+        return list(self.sizes)
+
+    @staticmethod
+    def tokens(key) -> int:
+        """Token count of the graph captured for ``key``."""
+        return key
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every size, largest first, in one shared memory pool."""
+        """Capture every key, largest first, in one shared memory pool."""
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.sizes):
-            batch = self._static_batch(size)
+        for key in reversed(self.keys()):
+            batch = self._static_batch(key)
             for _ in range(2):  # warm up (Triton compiles, cuBLAS picks kernels) outside capture
                 self._forward(batch)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 hidden, logits = self._forward(batch)
-            self.graphs[size] = _Graph(g, batch, hidden, logits)
+            self.graphs[key] = _Graph(g, batch, hidden, logits)
         torch.cuda.synchronize()
         self.costs = self.measure()
-        logger.info("captured %d CUDA graphs (1..%d tokens) in %.1f s; replay %.3f ms at 1 token, "
-                    "%.3f ms at %d", len(self.sizes), self.sizes[-1], time.perf_counter() - t0,
-                    self.costs[self.sizes[0]] * 1e3, self.costs[self.sizes[-1]] * 1e3,
-                    self.sizes[-1])
+        first, last = self.keys()[0], self.keys()[-1]
+        logger.info("captured %d CUDA graphs (%d..%d tokens) in %.1f s; replay %.3f ms at %d "
+                    "token(s), %.3f ms at %d", len(self.graphs), self.tokens(first),
+                    self.tokens(last), time.perf_counter() - t0, self.costs[first] * 1e3,
+                    self.tokens(first), self.costs[last] * 1e3, self.tokens(last))
 
     def _forward(self, batch: ForwardBatch):
         hidden = self.runner.model(batch)
@@ -105,10 +115,10 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def measure(self, repeats: int = 5) -> dict[int, float]:
-        """Seconds per replay of each captured size (median of ``repeats``): the cost of a step
-        by its token count, which the speculation policy uses to price drafts."""
+        """Seconds per replay of each captured graph by key (median of ``repeats``): the cost of
+        a step by its token count, which the speculation policy uses to price drafts."""
         cost = {}
-        for size, g in self.graphs.items():
+        for key, g in self.graphs.items():
             times = []
             for _ in range(repeats):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -117,14 +127,17 @@ class CudaGraphRunner:
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end) / 1e3)
-            cost[size] = sorted(times)[len(times) // 2]
+            cost[key] = sorted(times)[len(times) // 2]
         return cost
 
     def step_cost(self, tokens: int) -> float | None:
         """Measured seconds of a step of ``tokens`` tokens (the graph it would replay), or None
         beyond the largest graph."""
-        size = next((s for s in self.sizes if s >= tokens), None)
-        return None if size is None else self.costs.get(size)
+        fits = [self.tokens(k) for k in self.costs if self.tokens(k) >= tokens]
+        if not fits:
+            return None
+        size = min(fits)
+        return max(c for k, c in self.costs.items() if self.tokens(k) == size)
 
     # ---- per step ----------------------------------------------------------------------------
     def can_run(self, batch: ForwardBatch) -> bool:

@@ -160,19 +160,31 @@ class ModelRunner:
                                   torch.tensor(slots, dtype=torch.int64, device=self.device),
                                   slots, rows)
 
+    def graph_token_limit(self) -> int:
+        """Most tokens in a captured step: ``--cuda-graph-max-tokens``, else every sequence
+        verifying k drafts (``max_num_seqs * (1 + k)``)."""
+        spec = self.config.speculative
+        k = spec.num_steps if spec is not None else 0
+        return self.config.cuda_graph_max_tokens or self.config.max_num_seqs * (1 + k)
+
     def capture_cuda_graphs(self) -> None:
-        """Capture decode / verify graphs (CUDA, attention-only models; see cuda_graph.py)."""
-        if self.device.type != "cuda" or self.state_cache is not None:
+        """Capture decode / verify graphs on CUDA (cuda_graph.py; hybrid models:
+        hybrid_graph.py)."""
+        if self.device.type != "cuda":
             return
         from mtpserve.engine.cuda_graph import CudaGraphRunner, graph_sizes
+        from mtpserve.engine.hybrid_graph import HybridGraphRunner
 
         spec = self.config.speculative
-        per_seq = 1 + (spec.num_steps if spec is not None else 0)
-        limit = self.config.cuda_graph_max_tokens or self.config.max_num_seqs * per_seq
-        sizes = graph_sizes(limit)
+        k = spec.num_steps if spec is not None else 0
+        limit = self.graph_token_limit()
         max_blocks = -(-self.max_model_len // self.block_size)
-        self.graphs = CudaGraphRunner(self, sizes, self.config.max_num_seqs, max_blocks,
-                                      self.part_size)
+        if self.state_cache is not None:
+            self.graphs = HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
+                                            self.part_size)
+        else:
+            self.graphs = CudaGraphRunner(self, graph_sizes(limit), self.config.max_num_seqs,
+                                          max_blocks, self.part_size)
         self.graphs.capture()
 
     @torch.inference_mode()

@@ -39,18 +39,21 @@ class StateCache:
     Args:
         num_slots: most requests holding state at once; max_drafts: k (0: no speculation);
         scratch_rows: most sequences verifying drafts in one step.
+
+    One slot more than ``num_slots`` is allocated and never handed out: ``pad_slot``, which the
+    padding sequences of a CUDA graph read and write.
     """
 
     def __init__(self, num_layers: int, shape: LinearAttnShape, num_slots: int, dtype: torch.dtype,
                  ssm_dtype: torch.dtype, device: torch.device, max_drafts: int = 0,
                  scratch_rows: int = 0):
         s = shape
-        self.shape, self.num_slots = shape, num_slots
+        self.shape, self.num_slots, self.pad_slot = shape, num_slots, num_slots
         conv_shape = (s.conv_dim, s.kernel - 1)
         ssm_shape = (s.num_v_heads, s.head_k_dim, s.head_v_dim)
-        self.conv = [torch.zeros(num_slots, *conv_shape, dtype=dtype, device=device)
+        self.conv = [torch.zeros(num_slots + 1, *conv_shape, dtype=dtype, device=device)
                      for _ in range(num_layers)]
-        self.ssm = [torch.zeros(num_slots, *ssm_shape, dtype=ssm_dtype, device=device)
+        self.ssm = [torch.zeros(num_slots + 1, *ssm_shape, dtype=ssm_dtype, device=device)
                     for _ in range(num_layers)]
         rows, pos = (scratch_rows, max_drafts + 1) if max_drafts else (0, 0)
         self.conv_scratch = [torch.zeros(rows, pos, *conv_shape, dtype=dtype, device=device)

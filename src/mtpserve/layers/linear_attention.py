@@ -93,7 +93,7 @@ class GatedRMSNorm(nn.Module):
 
 
 @dataclass
-class _Plan:
+class RecurrentPlan:
     """How a batch's sequences are run (built once per step, shared by all layers).
 
     The ``num_small`` sequences run by the recurrent form are padded into [Bs, max_q]:
@@ -101,7 +101,9 @@ class _Plan:
     each token's row in the padded block (None: no padding), ``last`` [Bs] index of each one's
     last token, ``slots`` [Bs] their state slots, ``scratch`` (index in the group, scratch row,
     query length) for those that verify drafts. ``large``: (start, end, slot) of each sequence
-    run by the chunked form.
+    run by the chunked form. ``scratch_rows`` [Bs] int64 (CUDA graphs, engine/hybrid_graph.py):
+    every sequence verifies ``max_q - 1`` drafts and writes scratch row ``scratch_rows[b]``,
+    with no host list (``scratch`` is then empty).
     """
 
     token_index: torch.Tensor | None
@@ -112,9 +114,10 @@ class _Plan:
     slots: torch.Tensor | None
     scratch: list[tuple[int, int, int]]
     large: list[tuple[int, int, int]]
+    scratch_rows: torch.Tensor | None = None
 
 
-def _plan(batch: ForwardBatch) -> _Plan:
+def _plan(batch: ForwardBatch) -> RecurrentPlan:
     if "gdn_plan" in batch.extra:
         return batch.extra["gdn_plan"]
     meta, qlens, dev = batch.extra["linear_attn"], batch.query_lens_cpu, batch.input_ids.device
@@ -128,7 +131,7 @@ def _plan(batch: ForwardBatch) -> _Plan:
     sq = [qlens[b] for b in small]
     max_q = max(sq, default=0)
     i64 = dict(dtype=torch.int64, device=dev)
-    plan = _Plan(
+    plan = RecurrentPlan(
         token_index=None if len(small) == len(qlens) else torch.tensor(
             [starts[b] + i for b in small for i in range(qlens[b])], **i64),
         pad_index=None if all(q == max_q for q in sq) else torch.tensor(
@@ -143,7 +146,7 @@ def _plan(batch: ForwardBatch) -> _Plan:
     return plan
 
 
-def _pad(x: torch.Tensor, p: _Plan) -> torch.Tensor:
+def _pad(x: torch.Tensor, p: RecurrentPlan) -> torch.Tensor:
     """Rows of the small group [Ts, ...] -> zero-padded [Bs, max_q, ...]."""
     x = x if p.token_index is None else x[p.token_index]
     if p.pad_index is not None:
@@ -153,7 +156,7 @@ def _pad(x: torch.Tensor, p: _Plan) -> torch.Tensor:
     return x.view(p.num_small, p.max_q, *x.shape[1:])
 
 
-def _unpad(x: torch.Tensor, p: _Plan) -> torch.Tensor:
+def _unpad(x: torch.Tensor, p: RecurrentPlan) -> torch.Tensor:
     x = x.flatten(0, 1)
     return x if p.pad_index is None else x[p.pad_index]
 
@@ -230,19 +233,24 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(core, z).reshape(x.shape[0], -1)
         return self.out_proj(out)
 
-    def _run_small(self, p: _Plan, mixed, g, beta, core, cache) -> None:
+    def _run_small(self, p: RecurrentPlan, mixed, g, beta, core, cache) -> None:
         conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
         out, window = causal_conv1d(_pad(mixed, p), conv_c[p.slots], self.conv1d.weight)
         conv_after = conv_states(window, self.kernel)               # [Bs, max_q, C, K-1]
         rows = torch.arange(p.num_small, device=mixed.device)
         conv_c.index_copy_(0, p.slots, conv_after[rows, p.last].to(conv_c.dtype))
         q, k, v = self._heads(out)
+        keep = bool(p.scratch) or p.scratch_rows is not None
         o, final, per_token = recurrent_gated_delta_rule(
-            q, k, v, _pad(g, p), _pad(beta, p), ssm_c[p.slots], keep_states=bool(p.scratch))
+            q, k, v, _pad(g, p), _pad(beta, p), ssm_c[p.slots], keep_states=keep)
         ssm_c.index_copy_(0, p.slots, final.to(ssm_c.dtype))
+        conv_s, ssm_s = cache.conv_scratch[self.state_idx], cache.ssm_scratch[self.state_idx]
         for i, row, n in p.scratch:
-            cache.conv_scratch[self.state_idx][row, :n] = conv_after[i, :n]
-            cache.ssm_scratch[self.state_idx][row, :n] = per_token[i, :n]
+            conv_s[row, :n] = conv_after[i, :n]
+            ssm_s[row, :n] = per_token[i, :n]
+        if p.scratch_rows is not None:
+            conv_s[:, :p.max_q].index_copy_(0, p.scratch_rows, conv_after.to(conv_s.dtype))
+            ssm_s[:, :p.max_q].index_copy_(0, p.scratch_rows, per_token.to(ssm_s.dtype))
         rows = slice(None) if p.token_index is None else p.token_index
         core[rows] = _unpad(o, p).to(core.dtype)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.layers.activation import SiluAndMul
 from mtpserve.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
@@ -75,7 +76,12 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k] (expert index, routing weight) -> [T, H] (this rank's
-        partial sum under TP)."""
+        partial sum under TP). On CUDA: the grouped Triton GEMMs of kernels/fused_moe_triton.py
+        (no host sync, graph-capturable); elsewhere the loop over experts below (the reference)."""
+        if use_triton(x):
+            from mtpserve.kernels.fused_moe_triton import fused_experts
+
+            return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj)
         T, k = ids.shape
         flat = ids.flatten()
         order = flat.argsort(stable=True)

@@ -139,9 +139,26 @@ class MTPProposer(Proposer):
         q = self.sampler.probs(self.sampler.process_logits(logits, rows), rows)
         return self.sampler.draw(q, rows).tolist(), q
 
+    def capture_cuda_graphs(self, max_tokens: int) -> None:
+        """Capture the MTP forwards of up to ``max_tokens`` tokens (CUDA, one MTP layer; see
+        mtp_graph.py). Called once at start, like the target's capture."""
+        r = self.runner
+        if r.device.type != "cuda" or len(self.mtp.layers) != 1:
+            return
+        from mtpserve.engine.cuda_graph import graph_sizes
+        from mtpserve.spec.mtp_graph import MTPGraphRunner
+
+        r.graphs = MTPGraphRunner(r, graph_sizes(max_tokens), r.config.max_num_seqs,
+                                  -(-r.max_model_len // r.block_size), r.part_size)
+        r.graphs.capture()
+
     def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0):
         batch, _ = self.runner.prepare(sched)
-        return self.mtp(batch.input_ids, hidden.to(self.runner.dtype), batch, step=step)
+        hidden = hidden.to(self.runner.dtype)
+        graphs = self.runner.graphs
+        if graphs is not None and graphs.can_run(batch):
+            return graphs.run(batch, hidden)
+        return self.mtp(batch.input_ids, hidden, batch, step=step)
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _state(self, seq: Sequence) -> _MTPState:
