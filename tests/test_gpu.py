@@ -140,6 +140,10 @@ def test_hybrid_model_on_cuda_matches_cpu(tmp_path):
     assert _greedy(spec, prompts, 16) == cpu
     alone = [_greedy(spec, [p], 16)[0] for p in prompts]
     assert alone == cpu
+    # n-gram drafts come and go per request: steps of mixed query lengths replay padded graphs
+    ngram = LLM(path, device="cuda", speculative_algorithm="ngram", speculative_adaptive=False,
+                **kw)
+    assert _greedy(ngram, prompts, 16) == cpu
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

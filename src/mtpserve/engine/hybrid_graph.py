@@ -1,15 +1,16 @@
 """CUDA graphs for decode and verify steps of hybrid (Gated DeltaNet + attention) models.
 
 A hybrid layer's recurrent-state path (layers/linear_attention.py) runs a batch of sequences as
-one padded block [B, q]; its host-side plan (which sequence reads which state slot, which scratch
-row takes the per-token states) is fixed per step shape. So graphs here are captured per
-(number of sequences B, query length q) for uniform steps: every sequence decodes one token
-(q = 1, no scratch), or every sequence verifies the same number of drafts q - 1 and writes its
-per-token states to scratch rows 0..B-1 (the order model_runner assigns them). q runs over
-1..1+k so that an adaptive draft length still replays a graph at batch 1; B climbs a ladder up to
-``max_num_seqs``. Padding sequences read and write the state cache's reserved ``pad_slot`` and
-the KV cache's pad slot; their outputs are dropped. Other steps (prefill, mixed query lengths)
-run eagerly.
+one padded block [B, q]. Graphs here are captured per (number of sequences B, query length Q)
+with that block fixed: every sequence of a step takes Q rows, its real tokens first (its newest
+token and its drafts, 1 <= q_b <= Q), then padding. Padding tokens get ``g = beta = 0`` (the SSM
+state stays as after the last real token), the conv state is read at each sequence's last real
+token, their K/V goes to the KV cache's pad slot and their outputs are dropped. Sequences that
+verify drafts write their per-token states to their scratch row; the others to the state cache's
+pad scratch row. Q runs over 1..1+k, so a step where sequences draft different numbers of
+tokens (adaptive draft length, n-gram misses) still replays a graph; B climbs a ladder up to
+``max_num_seqs``; padding sequences use the state cache's ``pad_slot``. Steps with a prefill
+chunk run eagerly.
 """
 
 from __future__ import annotations
@@ -67,10 +68,14 @@ class HybridGraphRunner(CudaGraphRunner):
         slots = torch.full((B,), cache.pad_slot, dtype=i64, device=dev)
         batch.extra["linear_attn"] = LinearAttnMetadata(cache, slots, [cache.pad_slot] * B,
                                                         [-1] * B)
+        verify = q > 1
         batch.extra["gdn_plan"] = RecurrentPlan(
             token_index=None, pad_index=None, num_small=B, max_q=q,
             last=torch.full((B,), q - 1, dtype=i64, device=dev), slots=slots, scratch=[],
-            large=[], scratch_rows=torch.arange(B, dtype=i64, device=dev) if q > 1 else None)
+            large=[],
+            scratch_rows=(torch.full((B,), cache.pad_scratch_row, dtype=i64, device=dev)
+                          if verify else None),
+            token_mask=torch.ones(T, dtype=torch.float32, device=dev) if verify else None)
         return batch
 
     def _key_for(self, batch: ForwardBatch):
@@ -78,31 +83,46 @@ class HybridGraphRunner(CudaGraphRunner):
         qlens, meta = batch.query_lens_cpu, batch.extra.get("linear_attn")
         if meta is None or not isinstance(batch.attn, TritonAttentionMetadata) or not qlens:
             return None
-        q, B = qlens[0], len(qlens)
-        if any(x != q for x in qlens) or batch.block_tables.shape[1] > self.max_blocks:
+        if batch.block_tables.shape[1] > self.max_blocks:
             return None
-        verify = list(range(B)) if q > 1 else [-1] * B
-        if meta.scratch_rows != verify:       # a short prefill chunk, or mixed drafts
-            return None
-        return next((k for k in self._keys if k[1] == q and k[0] >= B), None)
+        if any(q > 1 and r < 0 for q, r in zip(qlens, meta.scratch_rows)):
+            return None                       # a prefill chunk
+        Q, B = max(qlens), len(qlens)
+        return next((k for k in self._keys if k[1] == Q and k[0] >= B), None)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return bool(self.graphs) and self._key_for(batch) in self.graphs
 
     def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the graph of (smallest B that fits, q); return (hidden [T, H], logits [N, V])."""
-        T, B = batch.num_tokens, batch.num_seqs
-        g = self.graphs[self._key_for(batch)]
-        s = g.batch
-        s.input_ids[:T].copy_(batch.input_ids)
-        s.positions[:T].copy_(batch.positions)
-        s.slot_mapping[:T].copy_(batch.slot_mapping)
-        s.slot_mapping[T:].fill_(self.runner.pad_slot)
-        s.attn.kv_len[:T].copy_(batch.attn.kv_len)
-        s.attn.kv_len[T:].fill_(1)
+        """Scatter the step into the padded block of the graph (smallest B that fits, Q = the
+        longest query), replay, gather; return (hidden [T, H], logits [N, V])."""
+        key = self._key_for(batch)
+        g, (Bg, Q) = self.graphs[key], key
+        s, plan, qlens = g.batch, g.batch.extra["gdn_plan"], batch.query_lens_cpu
+        B, dev = len(qlens), s.input_ids.device
+        meta = batch.extra["linear_attn"]
+        # host lists -> one copy: each real token's row in the block, each sequence's last
+        # token and scratch row
+        where = [b * Q + i for b, q in enumerate(qlens) for i in range(q)]
+        last = [q - 1 for q in qlens] + [Q - 1] * (Bg - B)
+        pad_row = self.runner.state_cache.pad_scratch_row
+        rows = [r if r >= 0 else pad_row for r in meta.scratch_rows] + [pad_row] * (Bg - B)
+        host = torch.tensor(where + last + rows, dtype=torch.int64).to(dev, non_blocking=True)
+        where_t, T = host[:len(where)], len(where)
+        for buf, src, fill in ((s.input_ids, batch.input_ids, 0),
+                               (s.positions, batch.positions, 0),
+                               (s.slot_mapping, batch.slot_mapping, self.runner.pad_slot),
+                               (s.attn.kv_len, batch.attn.kv_len, 1)):
+            buf.fill_(fill)
+            buf.index_copy_(0, where_t, src.to(buf.dtype))
         s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
         slots = s.extra["linear_attn"].slots
-        slots[:B].copy_(batch.extra["linear_attn"].slots)
+        slots[:B].copy_(meta.slots)
         slots[B:].fill_(self.runner.state_cache.pad_slot)
+        plan.last.copy_(host[T:T + Bg])
+        if plan.token_mask is not None:
+            plan.scratch_rows.copy_(host[T + Bg:])
+            plan.token_mask.zero_()
+            plan.token_mask.index_fill_(0, where_t, 1.0)
         g.graph.replay()
-        return g.hidden[:T], g.logits[batch.logits_indices]
+        return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]

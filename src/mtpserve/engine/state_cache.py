@@ -41,7 +41,8 @@ class StateCache:
         scratch_rows: most sequences verifying drafts in one step.
 
     One slot more than ``num_slots`` is allocated and never handed out: ``pad_slot``, which the
-    padding sequences of a CUDA graph read and write.
+    padding sequences of a CUDA graph read and write; likewise one scratch row more,
+    ``pad_scratch_row``, for graph sequences that verify no drafts.
     """
 
     def __init__(self, num_layers: int, shape: LinearAttnShape, num_slots: int, dtype: torch.dtype,
@@ -55,7 +56,8 @@ class StateCache:
                      for _ in range(num_layers)]
         self.ssm = [torch.zeros(num_slots + 1, *ssm_shape, dtype=ssm_dtype, device=device)
                     for _ in range(num_layers)]
-        rows, pos = (scratch_rows, max_drafts + 1) if max_drafts else (0, 0)
+        rows, pos = (scratch_rows + 1, max_drafts + 1) if max_drafts else (0, 0)
+        self.pad_scratch_row = scratch_rows
         self.conv_scratch = [torch.zeros(rows, pos, *conv_shape, dtype=dtype, device=device)
                              for _ in range(num_layers)]
         self.ssm_scratch = [torch.zeros(rows, pos, *ssm_shape, dtype=ssm_dtype, device=device)

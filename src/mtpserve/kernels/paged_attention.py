@@ -153,3 +153,21 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             return o
         out[g.token_index] = o
     return out
+
+
+def per_token_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            meta: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+    """Plain-PyTorch attention over the per-token layout of ``paged_attention_triton``: token t
+    attends to keys 0..kv_len[t]-1 of block-table row table_row[t]. ``q`` [T, Hq, D], caches
+    [slots, Hkv, D] -> [T, Hq, D] in q's dtype, float32 softmax. The reference (CPU) for the
+    layout CUDA graphs use; one host sync for the longest context."""
+    T, Hq, D = q.shape
+    hkv = k_cache.shape[1]
+    pos = torch.arange(int(meta.kv_len.max()), device=q.device)
+    tables = meta.block_tables[meta.table_row.long()].long()               # [T, max_blocks]
+    slots = tables[:, pos // meta.block_size] * meta.block_size + pos % meta.block_size
+    k = k_cache[slots].float().repeat_interleave(Hq // hkv, dim=2)       # [T, L, Hq, D]
+    v = v_cache[slots].float().repeat_interleave(Hq // hkv, dim=2)
+    scores = torch.einsum("thd,tlhd->thl", q.float(), k) * scale
+    scores.masked_fill_((pos[None, :] >= meta.kv_len[:, None].long())[:, None, :], -torch.inf)
+    return torch.einsum("thl,tlhd->thd", scores.softmax(-1), v).to(q.dtype)

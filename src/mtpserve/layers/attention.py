@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.kernels.paged_attention import (TritonAttentionMetadata, paged_attention_ref,
-                                              write_kv)
+                                              per_token_attention_ref, write_kv)
 
 
 class Attention(nn.Module):
@@ -36,11 +37,13 @@ class Attention(nn.Module):
         k_cache, v_cache = batch.kv_caches[self.layer_idx]
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         m = batch.attn
-        if isinstance(m, TritonAttentionMetadata):
+        if isinstance(m, TritonAttentionMetadata) and use_triton(q):
             from mtpserve.kernels.paged_attention_triton import paged_attention_triton
 
             out = paged_attention_triton(q, k_cache, v_cache, m.block_tables, m.table_row,
                                          m.kv_len, self.scale, m.block_size, m.part_size)
+        elif isinstance(m, TritonAttentionMetadata):
+            out = per_token_attention_ref(q, k_cache, v_cache, m, self.scale)
         else:
             out = paged_attention_ref(q, k_cache, v_cache, m, self.scale)
         return out.reshape(T, self.num_heads * self.head_dim)

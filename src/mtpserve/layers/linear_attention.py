@@ -101,9 +101,11 @@ class RecurrentPlan:
     each token's row in the padded block (None: no padding), ``last`` [Bs] index of each one's
     last token, ``slots`` [Bs] their state slots, ``scratch`` (index in the group, scratch row,
     query length) for those that verify drafts. ``large``: (start, end, slot) of each sequence
-    run by the chunked form. ``scratch_rows`` [Bs] int64 (CUDA graphs, engine/hybrid_graph.py):
-    every sequence verifies ``max_q - 1`` drafts and writes scratch row ``scratch_rows[b]``,
-    with no host list (``scratch`` is then empty).
+    run by the chunked form. CUDA graphs (engine/hybrid_graph.py) use device tensors instead of
+    host lists: ``scratch_rows`` [Bs] int64, every sequence writes its per-token states to that
+    scratch row (``scratch`` is then empty); ``token_mask`` [Bs * max_q] (1 real token, 0 padding
+    inside the padded block): padding gets ``g = beta = 0``, which leaves the SSM state unchanged,
+    and ``last`` points at each sequence's last real token.
     """
 
     token_index: torch.Tensor | None
@@ -115,6 +117,7 @@ class RecurrentPlan:
     scratch: list[tuple[int, int, int]]
     large: list[tuple[int, int, int]]
     scratch_rows: torch.Tensor | None = None
+    token_mask: torch.Tensor | None = None
 
 
 def _plan(batch: ForwardBatch) -> RecurrentPlan:
@@ -225,6 +228,8 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         plan, cache = _plan(batch), batch.extra["linear_attn"].cache
+        if plan.token_mask is not None:
+            beta, g = beta * plan.token_mask[:, None], g * plan.token_mask[:, None]
         core = x.new_empty(x.shape[0], self.hv, self.dv)
         if plan.num_small:
             self._run_small(plan, mixed, g, beta, core, cache)

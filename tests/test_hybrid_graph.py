@@ -1,0 +1,139 @@
+"""The CUDA-graph path of hybrid models, on the CPU: engine/hybrid_graph.py and spec/mtp_graph.py
+build static batches (padded [B, Q] blocks, pad state slot, pad scratch row, per-token attention
+layout) whose graphs the GPU replays. Here each "graph" is replayed by running the model's
+forward over that static batch eagerly, so everything but the capture itself is exercised: the
+scatter of a step into the block, the masks that make padding leave the recurrent state alone,
+the gather of hidden states and logits. Greedy outputs (token ids exactly, logprobs within
+1e-4) must equal plain eager decoding, with
+steps of mixed query lengths (adaptive MTP drafts, n-gram misses) going through the graphs.
+The tiny Qwen3-Next trained with its MTP layer (trained_hybrid.py) makes drafts get accepted."""
+
+import pytest
+import torch
+
+from harness_hybrid import one_thread
+from mtpserve import LLM, SamplingParams
+from mtpserve.engine.cuda_graph import _Graph, graph_sizes
+from mtpserve.engine.hybrid_graph import HybridGraphRunner
+from mtpserve.spec.mtp_graph import MTPGraphRunner
+from trained_hybrid import held_out_prompts, progression, trained_hybrid_dir
+
+PROMPTS = held_out_prompts(6, 6)
+# a progression, then its start again: prompt lookup finds the continuation (accepted) until
+# the copy runs out (then no drafts), at different steps for different requests
+REPEATS = [progression(3 * i, 1 + i % 2, 14 + 2 * i) + progression(3 * i, 1 + i % 2, 3)
+           for i in range(6)]
+# logprobs too: the trained model's argmax is robust to small state errors, its logprobs are not
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, logprobs=2)
+SEQS, LEN = 8, 64
+
+
+class EagerReplay:
+    """Stands in for ``torch.cuda.CUDAGraph``: ``replay()`` runs the forward over the graph's
+    static batch and writes its static outputs, as a replay would."""
+
+    def __init__(self, graphs, g: _Graph):
+        self.graphs, self.g = graphs, g
+
+    @torch.inference_mode()
+    def replay(self):
+        hidden, logits = self.graphs._forward(self.g.batch)
+        self.g.hidden.copy_(hidden)
+        self.g.logits.copy_(logits)
+
+
+@torch.inference_mode()
+def eager_capture(graphs) -> dict:
+    """Fill ``graphs`` as ``capture`` would, with EagerReplay graphs; count the steps run."""
+    for key in graphs.keys():
+        batch = graphs._static_batch(key)
+        hidden, logits = graphs._forward(batch)
+        g = _Graph(None, batch, hidden.clone(), logits.clone())
+        g.graph = EagerReplay(graphs, g)
+        graphs.graphs[key] = g
+    counts = {"steps": 0, "mixed": 0}
+    run = graphs.run
+
+    def counted(batch, *args):
+        counts["steps"] += 1
+        counts["mixed"] += len(set(batch.query_lens_cpu)) > 1
+        return run(batch, *args)
+
+    graphs.run = counted
+    return counts
+
+
+def engine_with_graphs(path, **spec) -> tuple[LLM, dict, dict]:
+    llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=LEN, num_kv_blocks=64,
+              max_num_seqs=SEQS, **spec)
+    k = spec.get("speculative_num_steps", 0) if spec else 0
+    r = llm.engine.runner
+    r.triton_attention = True       # the per-token layout graphs use (torch reference on CPU)
+    blocks = -(-LEN // r.block_size)
+    r.graphs = HybridGraphRunner(r, SEQS * (1 + k), k, SEQS, blocks, r.part_size)
+    target = eager_capture(r.graphs)
+    mtp = {"steps": 0, "mixed": 0}
+    proposer = llm.engine.proposer
+    if hasattr(proposer, "capture_cuda_graphs"):
+        pr = proposer.runner
+        pr.triton_attention = True
+        pr.graphs = MTPGraphRunner(pr, graph_sizes(SEQS * (1 + k)), SEQS, blocks, pr.part_size)
+        mtp = eager_capture(pr.graphs)
+    return llm, target, mtp
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def path():
+    return trained_hybrid_dir()
+
+
+def assert_same(outs, refs) -> None:
+    """Same token ids; every logprob (sampled and top 2) within 1e-4."""
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+    for o, r in zip(outs, refs):
+        for a, b in zip(o.logprobs, r.logprobs):
+            assert abs(a.logprob - b.logprob) <= 1e-4
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert max(abs(x - y) for (_, x), (_, y) in zip(a.top, b.top)) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def plain(path) -> dict:
+    """Plain eager greedy outputs of both prompt sets."""
+    llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=LEN, num_kv_blocks=64,
+              max_num_seqs=SEQS)
+    return {name: [r.outputs[0] for r in llm.generate(prompts, GREEDY)]
+            for name, prompts in (("progressions", PROMPTS), ("repeats", REPEATS))}
+
+
+def test_decode_graphs_equal_eager(path, plain):
+    llm, target, _ = engine_with_graphs(path)
+    assert_same([r.outputs[0] for r in llm.generate(PROMPTS, GREEDY)], plain["progressions"])
+    # every decode step of the 6 requests (19 after each prefill) replayed a graph
+    assert target["steps"] >= 19 and target["mixed"] == 0
+
+
+@pytest.mark.parametrize("spec", [
+    dict(speculative_algorithm="nextn", speculative_adaptive=False),
+    dict(speculative_algorithm="nextn", speculative_adaptive=True),
+    dict(speculative_algorithm="ngram", speculative_adaptive=False),
+], ids=["mtp-fixed", "mtp-adaptive", "ngram"])
+def test_verify_graphs_equal_eager(path, plain, spec):
+    llm, target, mtp = engine_with_graphs(path, speculative_num_steps=3, **spec)
+    name = "repeats" if spec["speculative_algorithm"] == "ngram" else "progressions"
+    prompts = REPEATS if name == "repeats" else PROMPTS
+    assert_same([r.outputs[0] for r in llm.generate(prompts, GREEDY)], plain[name])
+    assert_same([llm.generate([p], GREEDY)[0].outputs[0] for p in prompts], plain[name])
+    m = llm.engine.spec_metrics
+    assert m.num_accepted_tokens > 0 and target["steps"] > 0
+    if spec["speculative_algorithm"] == "nextn":
+        assert mtp["steps"] > 0
+    if spec["speculative_algorithm"] == "ngram" or spec["speculative_adaptive"]:
+        # sequences drafting different numbers of tokens in one step, padded into the block
+        assert target["mixed"] > 0
