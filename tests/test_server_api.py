@@ -378,3 +378,28 @@ def test_wait_ready_checks_the_key(server):
     log = io.StringIO()
     assert wait_ready(server.url, 10, api_key="wrong", out=log) == 3
     assert "refused the API key" in log.getvalue()
+
+
+def test_abort_all_ends_every_request_in_flight(server):
+    """What the first Ctrl-C of `mtpserve serve` does (server/runner.py AbortingServer): every
+    running request ends at once with finish_reason "abort", long before its max_tokens."""
+    params = SamplingParams(max_tokens=MAX_MODEL_LEN - 8, ignore_eos=True, temperature=0.0)
+
+    async def go():
+        gens = [server.engine.generate(f"abort-all-{i}", [1, 2, 3, 4], params) for i in range(3)]
+        firsts = [await g.__anext__() for g in gens]    # each has produced its first token
+        assert not any(o.finished for o in firsts), firsts
+        server.engine.abort_all()
+        lasts, counts = [], []
+        for g in gens:
+            n = 0
+            async for out in g:
+                last, n = out, n + 1
+            lasts.append(last)
+            counts.append(n)
+        return lasts, counts
+
+    lasts, counts = asyncio.run(go())
+    assert [o.finish_reason for o in lasts] == ["abort"] * 3
+    assert all(n < MAX_MODEL_LEN // 2 for n in counts)
+    assert server.engine.stats()["num_running"] == 0

@@ -50,6 +50,7 @@ CASES = [
     ("model", CHAT, chat(model="no-such-model"), 404, "model", "model_not_found"),
     ("model-cmpl", CMPL, cmpl(model="no-such-model"), 404, "model", "model_not_found"),
     ("max_tokens=0", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
+    ("seed 2^70", CHAT, chat(seed=2**70), 400, "seed", None),
     ("max_tokens<0", CHAT, chat(max_tokens=-3), 400, "max_tokens", None),
     ("max_completion_tokens=0", CHAT, chat(max_completion_tokens=0), 400,
      "max_completion_tokens", None),
@@ -153,6 +154,22 @@ def test_malformed_bodies(server, http, raw):
     for path in (CHAT, CMPL):
         r = http.post(path, content=raw, headers={"Content-Type": "application/json"})
         assert_error(r, 400, None, None)
+    good_request(http, server.model)
+
+
+@pytest.mark.parametrize("path,field,body", [
+    (CHAT, "messages", '"messages": [{"role": "user", "content": "\\ud800 hi"}]'),
+    (CHAT, "messages", '"messages": [{"role": "system", "content": "x\\ud83d"}, '
+                       '{"role": "user", "content": "hi"}]'),
+    (CMPL, "prompt", '"prompt": "\\ud800 hi"'),
+    (CMPL, "prompt", '"prompt": ["ok", "\\udfff"]'),
+])
+def test_lone_surrogate_is_a_bad_request(server, http, path, field, body):
+    """Valid JSON, invalid Unicode: a 400 naming the field, not a 500 from the tokenizer."""
+    raw = f'{{"model": "{server.model}", "max_tokens": 2, {body}}}'.encode()
+    err = assert_error(http.post(path, content=raw, headers={"Content-Type": "application/json"}),
+                       400, field, None)
+    assert "surrogate" in err["message"]
     good_request(http, server.model)
 
 

@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     logging.basicConfig(level=getattr(a, "log_level", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):   # a line per request: wait-ready polls, bench
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return a.func(a)
     except (ValueError, FileNotFoundError) as e:

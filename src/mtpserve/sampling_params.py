@@ -98,6 +98,8 @@ class SamplingParams:
             _check(isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20, "logprobs",
                    f"logprobs must be in [0, 20], got {self.logprobs}")
         _check(self.prompt_logprobs is None, "prompt_logprobs", "prompt_logprobs is not supported")
+        _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**63),
+               "seed", f"seed must be an integer in [-2^63, 2^63), got {self.seed}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",
                "stop must be a list of non-empty strings")
         self._validate_token_ids(vocab_size)

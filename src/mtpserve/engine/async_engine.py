@@ -38,7 +38,7 @@ class _Add:
 
 @dataclass
 class _Abort:
-    request_id: str
+    request_id: str | None      # None: every request in flight (server shutdown)
 
 
 class AsyncEngine:
@@ -144,10 +144,12 @@ class AsyncEngine:
                 self._sinks.pop(msg.request_id, None)
                 msg.sink(RequestOutput(msg.request_id, [], "", None, True, "abort", error=str(e)))
         else:
-            eng.abort_request(msg.request_id)
-            sink = self._sinks.pop(msg.request_id, None)
-            if sink is not None:
-                sink(RequestOutput(msg.request_id, [], "", None, True, "abort"))
+            ids = list(self._sinks) if msg.request_id is None else [msg.request_id]
+            for rid in ids:
+                eng.abort_request(rid)
+                sink = self._sinks.pop(rid, None)
+                if sink is not None:
+                    sink(RequestOutput(rid, [], "", None, True, "abort"))
 
     def _fail_all(self, reason: str) -> None:
         for rid, sink in list(self._sinks.items()):
@@ -186,6 +188,11 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op when it already finished)."""
         self._inbox.put(_Abort(request_id))
+
+    def abort_all(self) -> None:
+        """Abort every request in flight: their streams end with ``finish_reason="abort"``
+        (what a server does on Ctrl-C / SIGTERM instead of finishing long generations)."""
+        self._inbox.put(_Abort(None))
 
     def stats(self) -> dict[str, float]:
         """Engine gauges: ``num_running``, ``num_waiting``, ``kv_cache_usage`` (0..1)."""

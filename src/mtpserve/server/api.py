@@ -169,6 +169,14 @@ def run_server(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 800
     """
     import uvicorn
 
-    app = build_app(make_engine(config), served_model_name=served_model_name, api_key=api_key)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+    from mtpserve.server.runner import AbortingServer
+
+    engine = make_engine(config)
+    app = build_app(engine, served_model_name=served_model_name, api_key=api_key)
+    cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    AbortingServer(cfg, engine).run()
     return 0
+
+
+GRACEFUL_SHUTDOWN_S = 5.0   # after Ctrl-C, uvicorn then cancels whatever is still open

@@ -53,3 +53,17 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout)
         self._sock.close()
+
+
+class AbortingServer(uvicorn.Server):
+    """uvicorn's server whose first Ctrl-C / SIGTERM also aborts every request in flight in
+    ``engine`` (an AsyncEngine), so open streams end at once with ``finish_reason="abort"``
+    instead of running on to their max_tokens before the server can stop."""
+
+    def __init__(self, config: uvicorn.Config, engine):
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig, frame) -> None:
+        self.engine.abort_all()
+        super().handle_exit(sig, frame)

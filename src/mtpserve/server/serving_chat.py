@@ -17,7 +17,8 @@ from mtpserve.server.metrics import ServerMetrics
 from mtpserve.server.model_context import ModelContext
 from mtpserve.server.protocol import MAX_TOP_LOGPROBS, ChatCompletionRequest, ChatMessage
 from mtpserve.server.sampling import fit_context, sampling_params
-from mtpserve.server.serving_common import Run, check_model, new_id, sse, with_token_ids
+from mtpserve.server.serving_common import (Run, check_model, encode_text, new_id, sse,
+                                            with_token_ids)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -82,7 +83,7 @@ def chat_prompt_ids(ctx: ModelContext, req: ChatCompletionRequest) -> list[int]:
     except Exception as e:  # noqa: BLE001 - jinja2 raises many types for template errors
         raise bad_request(f"the chat template rejected the messages: {e}",
                           param="messages") from None
-    return list(tok.encode(text, add_special_tokens=False))
+    return encode_text(tok, text, "messages", add_special_tokens=False)
 
 
 def _check_unsupported(req: ChatCompletionRequest) -> None:

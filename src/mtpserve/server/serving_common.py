@@ -53,6 +53,21 @@ def check_model(requested: str | None, served: str) -> None:
                        f"`{served}`.", param="model", code="model_not_found")
 
 
+def encode_text(tokenizer, text: str, param: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of ``text``.
+
+    Raises:
+        APIError: 400 when ``text`` is not valid Unicode (JSON can carry a lone UTF-16
+            surrogate such as ``"\\ud800"``, which no tokenizer accepts).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"{param} is not valid Unicode: {e.reason} at character {e.start} "
+                          f"(a lone UTF-16 surrogate?)", param=param) from None
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 

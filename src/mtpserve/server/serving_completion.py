@@ -18,7 +18,8 @@ from mtpserve.server.metrics import ServerMetrics
 from mtpserve.server.model_context import ModelContext
 from mtpserve.server.protocol import CompletionRequest
 from mtpserve.server.sampling import check_token_ids, fit_context, sampling_params
-from mtpserve.server.serving_common import Run, check_model, new_id, sse, with_token_ids
+from mtpserve.server.serving_common import (Run, check_model, encode_text, new_id, sse,
+                                            with_token_ids)
 
 _PROMPT_KINDS = ("prompt must be a string, a list of strings, a list of token ids, or a list of "
                  "lists of token ids")
@@ -56,7 +57,7 @@ def prompt_token_ids(prompt: Any, ctx: ModelContext) -> list[list[int]]:
 
 
 def _encode(ctx: ModelContext, text: str) -> list[int]:
-    return list(ctx.tokenizer.encode(text, add_special_tokens=True))
+    return encode_text(ctx.tokenizer, text, "prompt", add_special_tokens=True)
 
 
 def _check_unsupported(req: CompletionRequest) -> None:
