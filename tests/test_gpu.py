@@ -114,6 +114,19 @@ def test_greedy_equal_with_speculation_bf16(smol_graphs, algo):
         assert llm.engine.spec_metrics.num_accepted_tokens == 0
 
 
+def test_self_draft_replays_graphs_of_its_own(smol_graphs):
+    from mtpserve import LLM
+
+    llm = LLM(None, dtype="bfloat16", max_model_len=1024, gpu_memory_utilization=0.3,
+              speculative_algorithm="draft", speculative_draft_model_path="self",
+              speculative_num_steps=3, speculative_adaptive=False)
+    assert llm.engine.proposer.runner.graphs is not None
+    prompts = _chat(llm.tokenizer, TEXTS)
+    a, b = _greedy(llm, prompts), _greedy(smol_graphs, prompts)
+    flips = [(_margin_report(smol_graphs, p, x, y)) for p, x, y in zip(prompts, a, b) if x != y]
+    assert all(m < NEAR_TIE for _, m in flips), f"divergences (token, top-2 margin): {flips}"
+
+
 def test_hybrid_model_on_cuda_matches_cpu(tmp_path):
     import sys
     sys.path.insert(0, "tests")

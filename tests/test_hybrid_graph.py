@@ -1,9 +1,9 @@
 """The CUDA-graph path of hybrid models, on the CPU: engine/hybrid_graph.py and spec/mtp_graph.py
 build static batches (padded [B, Q] blocks, pad state slot, pad scratch row, per-token attention
 layout) whose graphs the GPU replays. Here each "graph" is replayed by running the model's
-forward over that static batch eagerly, so everything but the capture itself is exercised: the
-scatter of a step into the block, the masks that make padding leave the recurrent state alone,
-the gather of hidden states and logits. Greedy outputs (token ids exactly, logprobs within
+forward over that static batch eagerly (harness_graphs.py): the scatter of a step into the
+block, the masks that make padding leave the recurrent state alone, the gather of hidden states
+and logits are all exercised. Greedy outputs (token ids exactly, logprobs within
 1e-4) must equal plain eager decoding, with
 steps of mixed query lengths (adaptive MTP drafts, n-gram misses) going through the graphs.
 The tiny Qwen3-Next trained with its MTP layer (trained_hybrid.py) makes drafts get accepted."""
@@ -13,7 +13,8 @@ import torch
 
 from harness_hybrid import one_thread
 from mtpserve import LLM, SamplingParams
-from mtpserve.engine.cuda_graph import _Graph, graph_sizes
+from harness_graphs import eager_capture
+from mtpserve.engine.cuda_graph import graph_sizes
 from mtpserve.engine.hybrid_graph import HybridGraphRunner
 from mtpserve.spec.mtp_graph import MTPGraphRunner
 from trained_hybrid import held_out_prompts, progression, trained_hybrid_dir
@@ -28,57 +29,19 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=20, logprobs=2)
 SEQS, LEN = 8, 64
 
 
-class EagerReplay:
-    """Stands in for ``torch.cuda.CUDAGraph``: ``replay()`` runs the forward over the graph's
-    static batch and writes its static outputs, as a replay would."""
-
-    def __init__(self, graphs, g: _Graph):
-        self.graphs, self.g = graphs, g
-
-    @torch.inference_mode()
-    def replay(self):
-        hidden, logits = self.graphs._forward(self.g.batch)
-        self.g.hidden.copy_(hidden)
-        self.g.logits.copy_(logits)
-
-
-@torch.inference_mode()
-def eager_capture(graphs) -> dict:
-    """Fill ``graphs`` as ``capture`` would, with EagerReplay graphs; count the steps run."""
-    for key in graphs.keys():
-        batch = graphs._static_batch(key)
-        hidden, logits = graphs._forward(batch)
-        g = _Graph(None, batch, hidden.clone(), logits.clone())
-        g.graph = EagerReplay(graphs, g)
-        graphs.graphs[key] = g
-    counts = {"steps": 0, "mixed": 0}
-    run = graphs.run
-
-    def counted(batch, *args):
-        counts["steps"] += 1
-        counts["mixed"] += len(set(batch.query_lens_cpu)) > 1
-        return run(batch, *args)
-
-    graphs.run = counted
-    return counts
-
-
 def engine_with_graphs(path, **spec) -> tuple[LLM, dict, dict]:
     llm = LLM(str(path), dtype="float32", device="cpu", max_model_len=LEN, num_kv_blocks=64,
               max_num_seqs=SEQS, **spec)
     k = spec.get("speculative_num_steps", 0) if spec else 0
     r = llm.engine.runner
-    r.triton_attention = True       # the per-token layout graphs use (torch reference on CPU)
     blocks = -(-LEN // r.block_size)
-    r.graphs = HybridGraphRunner(r, SEQS * (1 + k), k, SEQS, blocks, r.part_size)
-    target = eager_capture(r.graphs)
+    target = eager_capture(HybridGraphRunner(r, SEQS * (1 + k), k, SEQS, blocks, r.part_size))
     mtp = {"steps": 0, "mixed": 0}
     proposer = llm.engine.proposer
-    if hasattr(proposer, "capture_cuda_graphs"):
+    if spec and spec["speculative_algorithm"] == "nextn":
         pr = proposer.runner
-        pr.triton_attention = True
-        pr.graphs = MTPGraphRunner(pr, graph_sizes(SEQS * (1 + k)), SEQS, blocks, pr.part_size)
-        mtp = eager_capture(pr.graphs)
+        mtp = eager_capture(MTPGraphRunner(pr, graph_sizes(SEQS * (1 + k)), SEQS, blocks,
+                                           pr.part_size))
     return llm, target, mtp
 
 
