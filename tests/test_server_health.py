@@ -122,3 +122,21 @@ def test_wait_ready_times_out_on_a_closed_port():
     msg = log.getvalue()
     assert f"http://127.0.0.1:{port}/health not ready after 0.5 s" in msg
     assert "ConnectError" in msg
+
+
+def test_serve_on_a_busy_port_fails_before_loading_anything(caplog, monkeypatch):
+    """`mtpserve serve` on a port in use: exit code 3 and a clear log line, and the engine is
+    never built (a large model would otherwise load for minutes first)."""
+    from mtpserve.server import api
+
+    built = []
+    monkeypatch.setattr(api, "make_engine", lambda *a, **k: built.append(1))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with caplog.at_level("ERROR", logger="mtpserve.server.api"):
+            assert api.run_server(EngineConfig(), host="127.0.0.1", port=port) == 3
+    assert built == []
+    assert f"cannot listen on 127.0.0.1:{port}" in caplog.text
+    assert "in use" in caplog.text

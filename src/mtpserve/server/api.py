@@ -15,6 +15,7 @@ Every error body is an OpenAI error object (see ``errors.py``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 from typing import Callable
@@ -34,6 +35,7 @@ from mtpserve.server.serving_chat import ChatServing
 from mtpserve.server.serving_common import parse_body
 from mtpserve.server.serving_completion import CompletionServing
 
+logger = logging.getLogger(__name__)
 
 def engine_state(engine: AsyncEngine) -> str:
     """``ok`` (serving), ``starting`` (loading / warming up), ``dead`` (loop died) or ``stopped``."""
@@ -165,17 +167,23 @@ def run_server(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 800
 
     The HTTP port opens at once; the model loads in the engine thread meanwhile (``/health``
     answers 503 until it is ready). The model id is ``served_model_name``, else
-    ``config.served_model_name``, else the model file's stem.
+    ``config.served_model_name``, else the model file's stem. A port that cannot be opened
+    (in use, no permission) ends the command with exit code 3 before any weight is loaded.
     """
     import uvicorn
 
-    from mtpserve.server.runner import AbortingServer
+    from mtpserve.server.runner import AbortingServer, listen_socket
 
+    try:
+        sock = listen_socket(host, port)
+    except OSError as e:
+        logger.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
+        return 3
     engine = make_engine(config)
     app = build_app(engine, served_model_name=served_model_name, api_key=api_key)
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    AbortingServer(cfg, engine).run()
+    AbortingServer(cfg, engine).run(sockets=[sock])
     return 0
 
 

@@ -12,6 +12,23 @@ import uvicorn
 from fastapi import FastAPI
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one), for uvicorn's ``sockets=``.
+
+    Raises:
+        OSError: the address is in use, not local, or not permitted.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class BackgroundServer:
     """Serve ``app`` with uvicorn in a daemon thread on ``host`` and a free port.
 
@@ -23,9 +40,7 @@ class BackgroundServer:
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", start_timeout_s: float = 60.0):
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, 0))
+        self._sock = listen_socket(host, 0)
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         cfg = uvicorn.Config(app, log_level="warning", lifespan="on")
