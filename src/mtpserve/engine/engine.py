@@ -73,7 +73,7 @@ class LLMEngine:
         if not config.enforce_eager:
             self.runner.capture_cuda_graphs()
             if hasattr(self.proposer, "capture_cuda_graphs"):
-                self.proposer.capture_cuda_graphs(self.runner.graph_token_limit())
+                self.proposer.capture_cuda_graphs()
         logger.info("engine built in %.1f s (%s, %s, max_model_len %d)", time.perf_counter() - t0,
                     mc.model_type, self.runner.dtype, self.max_model_len)
 

@@ -167,9 +167,11 @@ class ModelRunner:
         k = spec.num_steps if spec is not None else 0
         return self.config.cuda_graph_max_tokens or self.config.max_num_seqs * (1 + k)
 
-    def capture_cuda_graphs(self) -> None:
+    def capture_cuda_graphs(self, runner_cls=None) -> None:
         """Capture decode / verify graphs on CUDA (cuda_graph.py; hybrid models:
-        hybrid_graph.py)."""
+        hybrid_graph.py). ``runner_cls``: a CudaGraphRunner subclass for an attention-only
+        model with other inputs (the MTP module: spec/mtp_graph.py). A proposer's runner shares
+        the engine's config, so its graphs have the target's token limit."""
         if self.device.type != "cuda":
             return
         from mtpserve.engine.cuda_graph import CudaGraphRunner, graph_sizes
@@ -183,8 +185,8 @@ class ModelRunner:
             self.graphs = HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
                                             self.part_size)
         else:
-            self.graphs = CudaGraphRunner(self, graph_sizes(limit), self.config.max_num_seqs,
-                                          max_blocks, self.part_size)
+            self.graphs = (runner_cls or CudaGraphRunner)(
+                self, graph_sizes(limit), self.config.max_num_seqs, max_blocks, self.part_size)
         self.graphs.capture()
 
     @torch.inference_mode()

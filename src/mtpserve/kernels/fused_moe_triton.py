@@ -60,8 +60,8 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, be_ptr, act_ptr, num_rows, top_k,
-                    H: tl.constexpr, I: tl.constexpr, sx, swe, swn, sa, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    H: tl.constexpr, I: tl.constexpr, sx, swe, swn, sa, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     e = tl.load(be_ptr + b)
     if e < 0:
@@ -93,8 +93,8 @@ def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, be_ptr, act_ptr, num_rows, top_k,
 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, rows_ptr, be_ptr, rw_ptr, out_ptr, num_rows,
-                 H: tl.constexpr, I: tl.constexpr, sa, swe, swn, so, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 H: tl.constexpr, I: tl.constexpr, sa, swe, swn, so, BM: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     e = tl.load(be_ptr + b)
     if e < 0:

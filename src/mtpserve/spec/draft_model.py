@@ -109,19 +109,12 @@ class DraftModelProposer(Proposer):
                     self.runner.state_cache.free(slot)
 
     # ---- drafting ------------------------------------------------------------------------------
-    def capture_cuda_graphs(self, max_tokens: int) -> None:
-        """Capture the draft model's forwards like the target's (engine/cuda_graph.py), once at
-        start: on CUDA, for attention-only draft models (a hybrid draft runs eagerly: its
-        snapshot slots are outside what hybrid_graph.py lays out). ``max_tokens`` is the
-        target's graph limit; a draft step never has more tokens than the verify it feeds."""
-        r = self.runner
-        if r.device.type != "cuda" or r.state_cache is not None:
-            return
-        from mtpserve.engine.cuda_graph import CudaGraphRunner, graph_sizes
-
-        r.graphs = CudaGraphRunner(r, graph_sizes(max_tokens), r.config.max_num_seqs,
-                                   -(-r.max_model_len // r.block_size), r.part_size)
-        r.graphs.capture()
+    def capture_cuda_graphs(self) -> None:
+        """Capture the draft model's forwards like the target's, once at start: attention-only
+        draft models (a hybrid draft runs eagerly: its snapshot slots are outside what
+        hybrid_graph.py lays out); nothing off CUDA."""
+        if self.runner.state_cache is None:
+            self.runner.capture_cuda_graphs()
 
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
         active = [(seq, st, budget) for seq, budget in work

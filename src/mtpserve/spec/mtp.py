@@ -139,18 +139,13 @@ class MTPProposer(Proposer):
         q = self.sampler.probs(self.sampler.process_logits(logits, rows), rows)
         return self.sampler.draw(q, rows).tolist(), q
 
-    def capture_cuda_graphs(self, max_tokens: int) -> None:
-        """Capture the MTP forwards of up to ``max_tokens`` tokens (CUDA, one MTP layer; see
-        mtp_graph.py). Called once at start, like the target's capture."""
-        r = self.runner
-        if r.device.type != "cuda" or len(self.mtp.layers) != 1:
-            return
-        from mtpserve.engine.cuda_graph import graph_sizes
-        from mtpserve.spec.mtp_graph import MTPGraphRunner
+    def capture_cuda_graphs(self) -> None:
+        """Capture the MTP forwards (one MTP layer; see mtp_graph.py) once at start, like the
+        target's capture; nothing off CUDA."""
+        if len(self.mtp.layers) == 1:
+            from mtpserve.spec.mtp_graph import MTPGraphRunner
 
-        r.graphs = MTPGraphRunner(r, graph_sizes(max_tokens), r.config.max_num_seqs,
-                                  -(-r.max_model_len // r.block_size), r.part_size)
-        r.graphs.capture()
+            self.runner.capture_cuda_graphs(MTPGraphRunner)
 
     def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0):
         batch, _ = self.runner.prepare(sched)
