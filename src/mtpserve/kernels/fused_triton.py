@@ -1,10 +1,13 @@
-"""Fused elementwise kernels for CUDA (Triton): RMSNorm, SiLU-and-mul, rotary embedding.
+"""Fused elementwise kernels for CUDA (Triton): RMSNorm (Zhang & Sennrich 2019), residual add +
+RMSNorm, SiLU-and-mul, rotary embedding (RoPE; Su et al. 2021), and per-head q/k RMSNorm + RoPE +
+KV-cache write of an attention block.
 
 Each replaces several PyTorch kernels with one, which matters inside a CUDA graph of a small
 model where a decode step is mostly many tiny kernels. The plain-PyTorch versions in
-``layers/norm.py``, ``layers/activation.py`` and ``layers/rotary.py`` are the CPU path and the
-references these are tested against (tests/test_gpu.py). All arithmetic is float32 with one
-rounding to the output dtype.
+``layers/norm.py``, ``layers/activation.py``, ``layers/rotary.py`` and ``Attention.forward`` are
+the CPU path and the references these are tested against (tests/fused_kernel_check.py,
+tests/test_gpu.py). All arithmetic is float32 with one rounding to the output dtype per op of
+the unfused path (a fused kernel rounds wherever the chain of unfused ops it replaces did).
 """
 
 from __future__ import annotations
@@ -15,30 +18,93 @@ import triton.language as tl
 
 
 @triton.jit
+def _rms_scale(x, n, eps):
+    """``1 / sqrt(mean(x^2) + eps)`` of one float32 row ``x`` whose padding lanes are 0."""
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+
+
+@triton.jit
+def _weigh(x, r, w, ZERO_CENTERED: tl.constexpr):
+    """``x * r`` times the norm weight ``w`` (float32): ``w`` itself, or ``1 + w`` when the
+    checkpoint stores ``w - 1`` (zero-centred)."""
+    return x * r * (1.0 + w) if ZERO_CENTERED else x * r * w
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, ZERO_CENTERED: tl.constexpr,
                      BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * r * (1.0 + w) if ZERO_CENTERED else x * r * w
+    y = _weigh(x, _rms_scale(x, n, eps), w, ZERO_CENTERED)
     tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` [..., N] (any float dtype); same shape and dtype."""
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = shape[-1]
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), n, eps,
                                      ZERO_CENTERED=zero_centered,
                                      BLOCK=triton.next_power_of_2(n))
     return out.view(shape)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, eps,
+                         ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    res = tl.load(r_ptr + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
+    # the rounded sum is both the new residual and the norm's input, as in the unfused ops
+    s = (res + x).to(so_ptr.dtype.element_ty)
+    tl.store(so_ptr + row * ss + cols, s, mask=mask)
+    s = s.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _weigh(s, _rms_scale(s, n, eps), w, ZERO_CENTERED)
+    tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm in one kernel: returns ``(rms_norm(s), s)`` with
+    ``s = residual + x`` rounded to ``x.dtype``.
+
+    Args:
+        x, residual: [..., N], same shape and float dtype (the last dim contiguous or not).
+        weight: [N] norm weight (``w - 1`` when ``zero_centered``); eps: added to mean(x^2).
+
+    Returns new tensors (the inputs are not modified), both shaped like ``x`` in ``x.dtype``;
+    equal to ``residual + x`` followed by :func:`rms_norm` (the sum is computed in float32 and
+    rounded once, as PyTorch's add does).
+
+    Raises:
+        ValueError: if the shapes or dtypes of ``x`` and ``residual`` differ.
+    """
+    if x.shape != residual.shape or x.dtype != residual.dtype:
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
+                         f"{residual.dtype} must match")
+    shape, n = x.shape, x.shape[-1]
+    x2, r2 = _rows(x), _rows(residual)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, total, x2.stride(0), r2.stride(0),
+                                         out.stride(0), total.stride(0), n, eps,
+                                         ZERO_CENTERED=zero_centered,
+                                         BLOCK=triton.next_power_of_2(n))
+    return out.view(shape), total.view(shape)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., N] as [R, N] with unit stride along N (a copy only when needed)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 @triton.jit
@@ -99,3 +165,129 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                            HALF_PAD=triton.next_power_of_2(rot // 2),
                            REST_PAD=triton.next_power_of_2(rest) if rest else 0)
     return out
+
+
+@triton.jit
+def _norm_rope_head(src, dst, w_ptr, cos_row, sin_row, eps, D: tl.constexpr,
+                    HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+                    ZERO_CENTERED: tl.constexpr):
+    """One head: ``src`` [D] -> optional RMSNorm (rounded to src's dtype) -> RoPE on the first
+    ``2 * HALF`` channels (float32, one rounding) -> ``dst`` [D] in dst's dtype."""
+    d = tl.arange(0, BLOCK_D)
+    m = d < D
+    rot = d < 2 * HALF
+    # each rotated channel's partner in rotate-half: i <-> i + HALF
+    pd = tl.where(d < HALF, d + HALF, tl.where(rot, d - HALF, d))
+    x = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(src + pd, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        r = _rms_scale(x, D, eps)
+        w = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + pd, mask=m, other=0.0).to(tl.float32)
+        x = _weigh(x, r, w, ZERO_CENTERED).to(src.dtype.element_ty).to(tl.float32)
+        xp = _weigh(xp, r, wp, ZERO_CENTERED).to(src.dtype.element_ty).to(tl.float32)
+    c = tl.load(cos_row + d, mask=rot, other=1.0)
+    sn = tl.load(sin_row + d, mask=rot, other=0.0)   # first half negated: rotate_half's sign
+    y = tl.where(rot, x * c + xp * sn, x)
+    # round as the unfused path does (model dtype), then to the destination's (a KV cache's)
+    y = y.to(src.dtype.element_ty).to(dst.dtype.element_ty)
+    tl.store(dst + d, y, mask=m)
+
+
+@triton.jit
+def _qk_norm_rope_kv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr,
+                            kc_ptr, vc_ptr, s_qkv, s_qh, k_off, v_off, s_q, s_kc, s_vc, s_tab,
+                            eps, HQ: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+                            ZERO_CENTERED: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)             # 0..HQ-1: query heads; HQ..: key/value heads
+    pos = tl.load(pos_ptr + t)
+    row = qkv_ptr + t * s_qkv
+    cos_row, sin_row = cos_ptr + pos * s_tab, sin_ptr + pos * s_tab
+    if h < HQ:
+        _norm_rope_head(row + h * s_qh, q_ptr + t * s_q + h * D, qw_ptr, cos_row, sin_row, eps,
+                        D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
+    else:
+        hk = h - HQ
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            _norm_rope_head(row + k_off + hk * D, kc_ptr + slot * s_kc + hk * D, kw_ptr,
+                            cos_row, sin_row, eps, D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
+            d = tl.arange(0, BLOCK_D)
+            v = tl.load(row + v_off + hk * D + d, mask=d < D)
+            tl.store(vc_ptr + slot * s_vc + hk * D + d, v.to(vc_ptr.dtype.element_ty),
+                     mask=d < D)
+
+
+def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                          positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor, q_weight: torch.Tensor | None = None,
+                          k_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                          zero_centered: bool = False,
+                          q_head_stride: int | None = None) -> torch.Tensor:
+    """The attention block between the QKV GEMM and attention, in one kernel.
+
+    For each token t: RMSNorm of each query and key head over its ``head_dim`` channels when
+    ``q_weight`` / ``k_weight`` are given (Qwen3's q_norm / k_norm; the result rounded to the
+    model dtype, as the unfused norm returns it), RoPE (neox / rotate-half layout) on the first
+    ``rotary_dim`` channels of the queries and keys at ``positions[t]`` in float32 with one
+    rounding, then: rotated queries to the returned tensor, rotated keys and the values to
+    ``k_cache[slot_mapping[t]]`` / ``v_cache[slot_mapping[t]]``. Equal to q_norm / k_norm ->
+    ``rotary`` -> ``write_kv`` of the unfused CUDA path (up to the order of the float32 sum of
+    squares).
+
+    Args:
+        qkv: [T, W] model dtype, unit stride along W: query head h at ``h * q_head_stride``
+            (default ``head_dim``; Qwen3-Next's gated queries interleave a gate: 2 * head_dim),
+            then ``num_kv_heads`` key heads at ``num_heads * q_head_stride``, then as many value
+            heads, each ``head_dim`` wide.
+        positions: [T] int64 token positions (rows of the tables).
+        cos, signed_sin: [max_position, rotary_dim] float32 tables, ``signed_sin`` with its first
+            half negated (``RotaryEmbedding``); rotary_dim even and <= head_dim, the channels past
+            it pass through.
+        k_cache, v_cache: [num_slots, num_kv_heads, head_dim], unit stride along the last two
+            dims (per-layer views of the KV cache are); written in place.
+        slot_mapping: [T] int64 cache slot of each token; a negative slot skips that token's
+            K/V write (this code base pads CUDA graphs with a real spare slot instead).
+        q_weight, k_weight: [head_dim] norm weights (both or neither); eps: the norms' epsilon;
+            zero_centered: the weights store ``w - 1``.
+
+    Returns:
+        q [T, num_heads, head_dim] in qkv's dtype.
+
+    Raises:
+        ValueError: for inconsistent shapes or layouts (checked on the host, no device sync).
+    """
+    T, D = qkv.shape[0], head_dim
+    qs = q_head_stride or D
+    rot = cos.shape[1]
+    _check_qkv_layout(qkv, num_heads * qs + 2 * num_kv_heads * D, rot, D, k_cache, v_cache,
+                      num_kv_heads, q_weight, k_weight)
+    q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    has_norm = q_weight is not None
+    qw = q_weight if has_norm else cos          # unread placeholders without norms
+    kw = k_weight if has_norm else cos
+    k_off = num_heads * qs
+    _qk_norm_rope_kv_kernel[(T, num_heads + num_kv_heads)](
+        qkv, positions, slot_mapping, cos, signed_sin, qw, kw, q, k_cache, v_cache,
+        qkv.stride(0), qs, k_off, k_off + num_kv_heads * D, q.stride(0), k_cache.stride(0),
+        v_cache.stride(0), cos.stride(0), eps, HQ=num_heads, D=D, HALF=rot // 2,
+        BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered)
+    return q
+
+
+def _check_qkv_layout(qkv, width, rot, D, k_cache, v_cache, num_kv_heads, q_weight, k_weight):
+    """Raise ValueError unless the operands of :func:`qk_norm_rope_kv_write` fit together."""
+    if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1:
+        raise ValueError(f"qkv {tuple(qkv.shape)} stride {qkv.stride()}: expected [T, {width}] "
+                         "with unit stride along the last dim")
+    if rot % 2 or rot > D:
+        raise ValueError(f"rotary_dim {rot} must be even and <= head_dim {D}")
+    for c in (k_cache, v_cache):
+        if c.dim() != 3 or c.shape[1:] != (num_kv_heads, D) or c.stride()[1:] != (D, 1):
+            raise ValueError(f"KV cache {tuple(c.shape)} stride {c.stride()}: expected "
+                             f"[slots, {num_kv_heads}, {D}] with unit stride in the last two dims")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("q_weight and k_weight go together (both or neither)")

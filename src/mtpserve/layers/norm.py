@@ -13,7 +13,11 @@ class RMSNorm(nn.Module):
     """``y = x / sqrt(mean(x^2) + eps) * w``, computed in float32 and cast back to x's dtype.
 
     ``zero_centered=True`` stores ``w - 1`` (Qwen3-Next / Qwen3.5), so the scale is ``1 + w``.
-    Input ``x``: [..., hidden] any float dtype; output: same shape and dtype.
+
+    ``forward(x)``: x [..., hidden] any float dtype -> y, same shape and dtype.
+    ``forward(x, residual)`` (residual like x): the pre-norm decoder's residual add fused in
+    front of the norm (as vLLM / SGLang's ``fused_add_rms_norm``): ``s = residual + x`` in x's
+    dtype, returns ``(norm(s), s)``; on CUDA one Triton kernel, on the CPU exactly the two ops.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, zero_centered: bool = False):
@@ -23,7 +27,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.zero_centered = zero_centered
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self._norm(x)
+        if use_triton(x):
+            from mtpserve.kernels import fused_triton
+
+            return fused_triton.add_rms_norm(x, residual, self.weight, self.eps,
+                                             self.zero_centered)
+        s = residual + x
+        return self._norm(s), s
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x):
             from mtpserve.kernels import fused_triton
 

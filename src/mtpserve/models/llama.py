@@ -2,6 +2,8 @@
 
 Pre-norm decoder (Touvron et al. 2023): RMSNorm -> GQA attention with RoPE -> residual ->
 RMSNorm -> SwiGLU MLP -> residual. Layer names follow vLLM so a checkpoint maps line by line.
+On CUDA each residual add runs inside the next norm's kernel, and q/k norms, RoPE and the K/V
+cache write are one kernel (kernels/fused_triton.py); the CPU path does the same ops unfused.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.layers.activation import SiluAndMul
 from mtpserve.layers.attention import Attention
 from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -44,14 +47,39 @@ class LlamaAttention(nn.Module):
                               (scale or cfg.head_dim) ** -0.5, layer_idx)
 
     def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """``x`` [T, hidden] (normed) -> [T, hidden]; ``rope`` from ``RotaryEmbedding.lookup``.
+        Writes this step's K/V into the layer's cache in ``batch``."""
         qkv = self.qkv_proj(x)
-        T, nq = x.shape[0], self.attn.num_heads
+        if use_triton(qkv):
+            out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
+        else:
+            out = self._qk_rope_attend(qkv, rope, batch)
+        return self.o_proj(out)
+
+    def _qk_rope_attend(self, qkv: torch.Tensor, rope, batch: ForwardBatch) -> torch.Tensor:
+        """The reference (CPU) path: q/k norms, RoPE, then ``Attention`` writes K/V and attends."""
+        T, nq = qkv.shape[0], self.attn.num_heads
         qk = qkv[:, : self.q_size + self.kv_size].view(T, -1, self.head_dim)
         if hasattr(self, "q_norm"):
             qk = torch.cat([self.q_norm(qk[:, :nq]), self.k_norm(qk[:, nq:])], dim=1)
         qk = self.rotary.apply(qk, rope)   # queries and keys rotated together
         v = qkv[:, self.q_size + self.kv_size:]
-        return self.o_proj(self.attn(qk[:, :nq], qk[:, nq:], v, batch))
+        return self.attn(qk[:, :nq], qk[:, nq:], v, batch)
+
+    def _fused_qk_rope_kv(self, qkv: torch.Tensor, positions: torch.Tensor,
+                          batch: ForwardBatch) -> torch.Tensor:
+        """CUDA: q/k norms + RoPE + K/V cache write in one Triton kernel; returns q [T, Hq, D]."""
+        from mtpserve.kernels import fused_triton
+
+        k_cache, v_cache = self.attn.kv_cache(batch)
+        norms = {}
+        if hasattr(self, "q_norm"):
+            norms = dict(q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
+                         eps=self.q_norm.eps, zero_centered=self.q_norm.zero_centered)
+        return fused_triton.qk_norm_rope_kv_write(
+            qkv, self.attn.num_heads, self.attn.num_kv_heads, self.head_dim, positions,
+            self.rotary.cos, self.rotary.signed_sin, k_cache, v_cache, batch.slot_mapping,
+            **norms)
 
 
 class LlamaMLP(nn.Module):
@@ -68,6 +96,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """One pre-norm decoder layer with the residual carried separately (so that each residual
+    add is fused into the norm after it, ``RMSNorm.forward(x, residual)``).
+
+    ``forward(rope, h, residual, batch) -> (h', residual')``, all [T, hidden] in the model dtype:
+    the layer's input is ``residual + h`` (``residual`` None: the input is ``h`` itself, the
+    first layer); its output is ``residual' + h'`` (h' the MLP output, not yet added).
+    """
+
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -76,9 +112,15 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size,
                             bool(getattr(cfg.hf_config, "mlp_bias", False)))
 
-    def forward(self, rope, x, batch):
-        x = x + self.self_attn(rope, self.input_layernorm(x), batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
+                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(rope, h, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -91,11 +133,14 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(batch.input_ids)
-        rope = self.rotary.lookup(batch.positions, x.dtype)
+        h = self.embed_tokens(batch.input_ids)
+        rope = self.rotary.lookup(batch.positions, h.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(rope, x, batch)
-        return self.norm(x)
+            h, residual = layer(rope, h, residual, batch)
+        if residual is None:   # no layers
+            return self.norm(h)
+        return self.norm(h, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

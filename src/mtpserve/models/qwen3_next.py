@@ -43,7 +43,13 @@ _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 class HybridDecoderLayer(nn.Module):
     """``input_layernorm -> token mixer -> residual -> post_attention_layernorm -> FFN ->
     residual``; the mixer is ``linear_attn`` (GatedDeltaNet, state ``index``) or ``self_attn``
-    (GatedAttention, KV cache ``index``). ``forward(rope, x [T, H], batch) -> [T, H]``."""
+    (GatedAttention, KV cache ``index``). ``forward(rope, x [T, H], batch) -> [T, H]``.
+
+    ``forward_residual(rope, h, residual, batch) -> (h', residual')`` is the same layer with the
+    residual carried separately, so that each residual add runs inside the next norm
+    (``RMSNorm.forward(x, residual)``; one kernel on CUDA): the input is ``residual + h``
+    (``residual`` None: ``h``), the output ``residual' + h'``.
+    """
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer_type: str, index: int,
                  mlp_layer_idx: int):
@@ -59,10 +65,18 @@ class HybridDecoderLayer(nn.Module):
         self.mlp = build_mlp(cfg, mlp_layer_idx)
 
     def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        h = self.input_layernorm(x)
+        h, residual = self.forward_residual(rope, x, None, batch)
+        return residual + h
+
+    def forward_residual(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
+                         batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
         h = self.linear_attn(h, batch) if self.is_linear else self.self_attn(rope, h, batch)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 def layer_types(cfg: ModelConfig) -> list[str]:
@@ -92,11 +106,14 @@ class Qwen3NextModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(batch.input_ids)
-        rope = self.rotary.lookup(batch.positions, x.dtype)
+        h = self.embed_tokens(batch.input_ids)
+        rope = self.rotary.lookup(batch.positions, h.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(rope, x, batch)
-        return self.norm(x)
+            h, residual = layer.forward_residual(rope, h, residual, batch)
+        if residual is None:   # no layers
+            return self.norm(h)
+        return self.norm(h, residual)[0]
 
 
 class Qwen3NextForCausalLM(nn.Module):
