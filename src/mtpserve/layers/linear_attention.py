@@ -15,7 +15,8 @@ State I/O follows engine/state_cache.py: each sequence starts from its slot's co
 and leaves the state after its last token there; sequences with a scratch row also leave the
 state after every query token in the scratch buffers (speculative verify). Sequences with at
 most ``SMALL_QUERY`` tokens (decode, verify, short chunks) share one padded recurrent pass; longer
-ones (prefill chunks) each take the chunked form.
+ones (prefill chunks) each take the chunked form. On CUDA the padded pass is two Triton kernels
+(kernels/gated_delta_rule_triton.py) instead of dozens of small PyTorch ops.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mtpserve.config import ModelConfig
 from mtpserve.distributed import get_tp_rank, get_tp_size
 from mtpserve.engine.forward_batch import ForwardBatch
 from mtpserve.engine.state_cache import LinearAttnShape
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.kernels.gated_delta_rule import (causal_conv1d, chunk_gated_delta_rule,
                                                conv_states, recurrent_gated_delta_rule)
 from mtpserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -105,7 +107,8 @@ class RecurrentPlan:
     host lists: ``scratch_rows`` [Bs] int64, every sequence writes its per-token states to that
     scratch row (``scratch`` is then empty); ``token_mask`` [Bs * max_q] (1 real token, 0 padding
     inside the padded block): padding gets ``g = beta = 0``, which leaves the SSM state unchanged,
-    and ``last`` points at each sequence's last real token.
+    and ``last`` points at each sequence's last real token. ``kernel_rows`` [Bs] int64: the Triton
+    path's form of ``scratch`` (each sequence's scratch row, -1 for none), built on first use.
     """
 
     token_index: torch.Tensor | None
@@ -118,6 +121,7 @@ class RecurrentPlan:
     large: list[tuple[int, int, int]]
     scratch_rows: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    kernel_rows: torch.Tensor | None = None
 
 
 def _plan(batch: ForwardBatch) -> RecurrentPlan:
@@ -164,6 +168,18 @@ def _unpad(x: torch.Tensor, p: RecurrentPlan) -> torch.Tensor:
     return x if p.pad_index is None else x[p.pad_index]
 
 
+def _kernel_rows(p: RecurrentPlan) -> torch.Tensor | None:
+    """Each small sequence's scratch row [Bs] int64 (-1: none), or None when none verifies."""
+    if p.scratch_rows is not None or not p.scratch:
+        return p.scratch_rows
+    if p.kernel_rows is None:
+        rows = [-1] * p.num_small
+        for i, row, _ in p.scratch:
+            rows[i] = row
+        p.kernel_rows = torch.tensor(rows, dtype=torch.int64).to(p.slots.device)
+    return p.kernel_rows
+
+
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet token mixer: ``forward(x [T, H], batch) -> [T, H]``.
 
@@ -203,18 +219,29 @@ class GatedDeltaNet(nn.Module):
         param.data.copy_(loaded.narrow(0, get_tp_rank() * self.hv, self.hv))
 
     def _split(self, proj: torch.Tensor):
-        """in_proj output -> mixed qkv [T, conv_dim], z [T, Hv, Dv], b, a [T, Hv]."""
+        """in_proj output -> mixed qkv [T, conv_dim], z [T, Hv, Dv], b, a [T, Hk, Hv / Hk]
+        (views; value head ``h`` at ``[:, h // r, h % r]``)."""
         T, r = proj.shape[0], self.hv // self.hk
         if not self.grouped:
             kd, vd = self.hk * self.dk, self.hv * self.dv
             mixed, z, b, a = proj.split([2 * kd + vd, vd, self.hv, self.hv], dim=-1)
-            return mixed, z.reshape(T, self.hv, self.dv), b, a
+            return (mixed, z.reshape(T, self.hv, self.dv), b.unflatten(-1, (self.hk, r)),
+                    a.unflatten(-1, (self.hk, r)))
         qkvz, ba = proj.split([self.hk * (2 * self.dk + 2 * r * self.dv), 2 * self.hv], dim=-1)
         q, k, v, z = qkvz.view(T, self.hk, -1).split([self.dk, self.dk, r * self.dv,
                                                       r * self.dv], dim=-1)
         mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
         b, a = ba.view(T, self.hk, 2 * r).split([r, r], dim=-1)
-        return mixed, z.reshape(T, self.hv, self.dv), b.reshape(T, -1), a.reshape(T, -1)
+        return mixed, z.reshape(T, self.hv, self.dv), b, a
+
+    def _gates(self, b, a, plan: RecurrentPlan):
+        """b, a [T, Hk, Hv / Hk] -> beta, g [T, Hv] float32 (zero on a graph block's padding)."""
+        beta = torch.sigmoid(b.reshape(b.shape[0], -1).float())
+        a = a.reshape(a.shape[0], -1)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if plan.token_mask is not None:
+            beta, g = beta * plan.token_mask[:, None], g * plan.token_mask[:, None]
+        return beta, g
 
     def _heads(self, x: torch.Tensor):
         """Conv output [..., conv_dim] -> q, k [..., Hk, Dk], v [..., Hv, Dv]."""
@@ -225,16 +252,17 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         mixed, z, b, a = self._split(self.in_proj(x))
-        beta = torch.sigmoid(b.float())
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         plan, cache = _plan(batch), batch.extra["linear_attn"].cache
-        if plan.token_mask is not None:
-            beta, g = beta * plan.token_mask[:, None], g * plan.token_mask[:, None]
         core = x.new_empty(x.shape[0], self.hv, self.dv)
-        if plan.num_small:
-            self._run_small(plan, mixed, g, beta, core, cache)
-        for start, end, slot in plan.large:
-            self._run_chunked(start, end, slot, mixed, g, beta, core, cache)
+        fused = plan.num_small > 0 and use_triton(mixed)
+        if fused:
+            self._run_small_triton(plan, mixed, b, a, core, cache)
+        if plan.large or (plan.num_small and not fused):
+            beta, g = self._gates(b, a, plan)
+            if not fused and plan.num_small:
+                self._run_small(plan, mixed, g, beta, core, cache)
+            for start, end, slot in plan.large:
+                self._run_chunked(start, end, slot, mixed, g, beta, core, cache)
         out = self.norm(core, z).reshape(x.shape[0], -1)
         return self.out_proj(out)
 
@@ -258,6 +286,25 @@ class GatedDeltaNet(nn.Module):
             ssm_s[:, :p.max_q].index_copy_(0, p.scratch_rows, per_token.to(ssm_s.dtype))
         rows = slice(None) if p.token_index is None else p.token_index
         core[rows] = _unpad(o, p).to(core.dtype)
+
+    def _run_small_triton(self, p: RecurrentPlan, mixed, b, a, core, cache) -> None:
+        """:meth:`_run_small` on CUDA in two kernels (conv, then the delta rule with the gates
+        folded in); padding is told apart by ``p.last`` rather than by zeroed gates."""
+        from mtpserve.kernels import gated_delta_rule_triton as gdn
+
+        i, rows = self.state_idx, _kernel_rows(p)
+        scratch = rows is not None
+        out = gdn.fused_causal_conv1d(_pad(mixed, p), self.conv1d.weight, cache.conv[i], p.slots,
+                                      p.last, cache.conv_scratch[i] if scratch else None, rows)
+        q, k, v = self._heads(out)
+        direct = p.token_index is None and p.pad_index is None
+        o = core.view(v.shape) if direct else v.new_empty(v.shape)
+        gdn.fused_recurrent_gated_delta_rule(
+            q, k, v, _pad(a, p), _pad(b, p), cache.ssm[i], p.slots, o, last=p.last,
+            scratch=cache.ssm_scratch[i] if scratch else None, scratch_rows=rows,
+            gate_params=(self.A_log, self.dt_bias))
+        if not direct:
+            core[slice(None) if p.token_index is None else p.token_index] = _unpad(o, p)
 
     def _run_chunked(self, start, end, slot, mixed, g, beta, core, cache) -> None:
         conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
