@@ -124,6 +124,27 @@ def _block_m(num_rows: int) -> int:
     return 16 if num_rows <= 64 else 64
 
 
+# at most this many (token, choice) rows (decode and verify steps) skip the sort by expert
+ONE_ROW_BLOCKS = 64
+_one_row_rows: dict = {}
+
+
+def one_row_blocks(ids: torch.Tensor, block_m: int):
+    """The layout of :func:`align_by_expert` with every (token, choice) row alone in its block:
+    no sort, so no kernels beyond a view of ``ids`` (decode / verify, where few rows share an
+    expert anyway). Returns (rows [n * block_m] int64, block_expert [n] int64); ``rows`` depends
+    only on n and is cached (not while a CUDA graph is being captured: its fill would not run)."""
+    n, dev = ids.numel(), ids.device
+    rows = _one_row_rows.get((n, block_m, dev))
+    if rows is None:
+        rows = torch.full((n, block_m), n, dtype=torch.int64, device=dev)
+        rows[:, 0] = torch.arange(n, device=dev)
+        rows = rows.flatten()
+        if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _one_row_rows[(n, block_m, dev)] = rows
+    return rows, ids.flatten().to(torch.int64)
+
+
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """Routed expert outputs, summed over each token's choices.
@@ -141,7 +162,8 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     E, two_i, H = gate_up.shape
     inter, n = two_i // 2, T * k
     bm = _block_m(n)
-    rows, block_expert = align_by_expert(ids, E, bm)
+    rows, block_expert = (one_row_blocks(ids, bm) if n <= ONE_ROW_BLOCKS
+                          else align_by_expert(ids, E, bm))
     nb = block_expert.numel()
     x = x.contiguous()
     act = x.new_empty(rows.numel(), inter)
