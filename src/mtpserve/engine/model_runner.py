@@ -107,8 +107,8 @@ class ModelRunner:
 
     # ---- per step ----------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput) -> tuple[ForwardBatch, LogitsLayout]:
-        """Flatten the scheduled sequences into one varlen batch (one host-to-device copy for
-        the per-token arrays, one for the per-sequence ones)."""
+        """Flatten the scheduled sequences into one varlen batch: two host-to-device copies (the
+        int64 arrays, the int32 ones), from pinned memory and asynchronous on CUDA."""
         ids, pos, slots, rows_of, qlens, slens, logits_idx, rows = [], [], [], [], [], [], [], []
         bs = self.block_size
         for b, s in enumerate(sched.scheduled):
@@ -127,28 +127,36 @@ class ModelRunner:
             rows.append((len(logits_idx), n_logits))
             logits_idx.extend(range(base + len(toks) - n_logits, base + len(toks)))
         T, B = len(ids), len(qlens)
-        per_token = torch.tensor(ids + pos + slots + rows_of, dtype=torch.int64).to(self.device)
-        per_seq = torch.tensor([0] + _cumsum(qlens) + qlens + slens + logits_idx,
-                               dtype=torch.int64).to(self.device)
-        max_blocks = max(len(s.seq.block_table) for s in sched.scheduled)
-        tables = torch.tensor([s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table))
-                               for s in sched.scheduled], dtype=torch.int32).to(self.device)
+        width = max(len(s.seq.block_table) for s in sched.scheduled)
+        i64 = self._upload(ids + pos + slots + qlens + slens + logits_idx, torch.int64)
+        tables = [x for s in sched.scheduled
+                  for x in s.seq.block_table + [0] * (width - len(s.seq.block_table))]
+        i32 = self._upload([0] + _cumsum(qlens) + rows_of + [x + 1 for x in pos] + tables,
+                           torch.int32)
         batch = ForwardBatch(
-            input_ids=per_token[:T], positions=per_token[T:2 * T],
-            slot_mapping=per_token[2 * T:3 * T],
-            query_start_loc=per_seq[:B + 1].to(torch.int32), query_lens=per_seq[B + 1:2 * B + 1],
-            seq_lens=per_seq[2 * B + 1:3 * B + 1], block_tables=tables,
-            logits_indices=per_seq[3 * B + 1:], query_lens_cpu=qlens, seq_lens_cpu=slens)
+            input_ids=i64[:T], positions=i64[T:2 * T], slot_mapping=i64[2 * T:3 * T],
+            query_lens=i64[3 * T:3 * T + B], seq_lens=i64[3 * T + B:3 * T + 2 * B],
+            logits_indices=i64[3 * T + 2 * B:], query_start_loc=i32[:B + 1],
+            block_tables=i32[B + 1 + 2 * T:].view(B, width),
+            query_lens_cpu=qlens, seq_lens_cpu=slens)
         batch.kv_caches = self.kv_cache.layers
         if self.state_cache is not None:
             batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
         if self.triton_attention and max(qlens) <= SMALL_QUERY:
-            batch.attn = TritonAttentionMetadata(
-                per_token[3 * T:].to(torch.int32), (batch.positions + 1).to(torch.int32),
-                tables, bs, self.part_size)
+            batch.attn = TritonAttentionMetadata(i32[B + 1:B + 1 + T], i32[B + 1 + T:B + 1 + 2 * T],
+                                                 batch.block_tables, bs, self.part_size)
         else:
-            batch.attn = build_torch_metadata(qlens, slens, tables, bs, self.device, self.dtype)
+            batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, self.device,
+                                              self.dtype)
         return batch, LogitsLayout(rows)
+
+    def _upload(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """A host list as a tensor on the device; on CUDA through pinned memory without blocking
+        (the caching host allocator keeps the buffer until the copy has run)."""
+        if self.device.type != "cuda":
+            return torch.tensor(values, dtype=dtype)
+        host = torch.tensor(values, dtype=dtype, pin_memory=True)
+        return host.to(self.device, non_blocking=True)
 
     def _linear_attn_metadata(self, sched: SchedulerOutput) -> LinearAttnMetadata:
         slots = [s.seq.state_slot for s in sched.scheduled]
