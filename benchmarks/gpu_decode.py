@@ -113,11 +113,29 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3) -> dict:
                 mtp_forward_verify_ms=fwd[1 + k] * 1e3, mtp_acceptance_length=m.acceptance_length)
 
 
+def cublas_only(eng: LLMEngine, shape: str) -> dict:
+    """Batch-1 decode and forward times with the Triton gemv off (graphs recaptured)."""
+    from mtpserve.kernels import gemv_triton
+
+    gemv_triton.ENABLED = False
+    try:
+        eng.runner.capture_cuda_graphs()
+        step1, _ = decode_run(eng, 1, 128)
+        fwd = forward_times(eng)
+    finally:
+        gemv_triton.ENABLED = True
+    print(f"{shape:16} cuBLAS only: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
+          f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}")
+    return dict(cublas_forward1_ms=fwd[1] * 1e3, cublas_b1_ms=step1 * 1e3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-1.7b", "qwen3-8b"])
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--mtp", action="store_true", help="hybrid shapes: also a step with MTP")
+    ap.add_argument("--gemv-compare", action="store_true",
+                    help="also time batch-1 decode with every product on cuBLAS (no Triton gemv)")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = {}
@@ -139,6 +157,8 @@ def main() -> None:
                            b64_tok_s=tps64, verify4_over_decode=ratio)
         print(f"{shape:16}{ready:8.1f}{fwd[1] * 1e3:9.3f}{step1 * 1e3:12.3f}{1 / step1:10.0f}"
               f"{tps16:11.0f}{tps64:11.0f}{ratio:10.2f}")
+        if a.gemv_compare and not a.eager:
+            rows[shape].update(cublas_only(eng, shape))
         eng.runner.graphs = None
         del eng
         torch.cuda.empty_cache()

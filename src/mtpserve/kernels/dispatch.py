@@ -19,3 +19,12 @@ def triton_available() -> bool:
 
 def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton_available()
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight^T`` should take the skinny Triton product (kernels/gemv_triton.py)."""
+    if not (x.is_cuda and triton_available()):
+        return False
+    from mtpserve.kernels import gemv_triton
+
+    return gemv_triton.use_gemv(x, weight)

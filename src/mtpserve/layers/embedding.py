@@ -8,6 +8,7 @@ from torch import nn
 
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
 from mtpserve.kernels import cpu_linear
+from mtpserve.kernels.dispatch import use_gemv
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -49,7 +50,11 @@ class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None  # see kernels/cpu_linear.py
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.is_cuda and hidden.dtype != torch.float32:
+        if use_gemv(hidden, self.weight):
+            from mtpserve.kernels.gemv_triton import gemv
+
+            logits = gemv(hidden, self.weight, out_dtype=torch.float32)
+        elif hidden.is_cuda and hidden.dtype != torch.float32:
             # float32 logits straight from the bf16/fp16 product (cuBLAS accumulates in float32):
             # rounding logits to bf16 (steps of 0.125 near 20) would turn near-ties into ties
             logits = torch.mm(hidden, self.weight.t(), out_dtype=torch.float32)

@@ -14,6 +14,7 @@ from torch import nn
 
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
 from mtpserve.kernels import cpu_linear
+from mtpserve.kernels.dispatch import use_gemv
 
 
 def _divide(n: int, d: int) -> int:
@@ -43,6 +44,10 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
+            from mtpserve.kernels.gemv_triton import gemv
+
+            return gemv(x, self.weight, self.bias)
         return cpu_linear.linear(x, self.weight, self.bias, self.packed)
 
 

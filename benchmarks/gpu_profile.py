@@ -1,0 +1,102 @@
+"""Where a GPU step's time goes: per-kernel device time of one forward (torch.profiler, eager so
+every kernel is seen) and the host-side cost of a whole engine step (cProfile, CUDA graphs on).
+
+    python benchmarks/gpu_profile.py [--shapes qwen3-1.7b qwen3-next-3b] [--out DIR]
+
+Writes, per shape, ``DIR/<shape>-kernels-q<Q>.txt`` (kernels by self device time for a forward
+of Q tokens of one sequence: Q=1 decode, Q=4 verify of 3 drafts) and ``DIR/<shape>-host.txt``
+(cProfile of batch-1 engine steps, sorted by own time). A summary line per forward goes to
+stdout: device time of all kernels, number of kernel launches, wall time of the eager forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gpu_decode import HYBRID, PROMPT, build, decode_run
+from mtpserve.config import SpeculativeConfig
+from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from mtpserve.engine.sequence import Sequence
+from mtpserve.sampling_params import SamplingParams
+
+REPEATS = 20
+
+
+def _one_seq_batch(eng, q: int):
+    r = eng.runner
+    seq = Sequence("p", list(range(2, 2 + PROMPT)), SamplingParams(), (), eng.max_model_len,
+                   None, None)
+    assert eng.block_manager.allocate(seq, seq.num_tokens + q)
+    if r.state_cache is not None:
+        seq.state_slot = r.state_cache.alloc()
+    seq.num_computed_tokens = seq.num_tokens - 1
+    batch, _ = r.prepare(SchedulerOutput([ScheduledSeq(seq, 1, list(range(3, 2 + q)))]))
+    return batch
+
+
+def kernel_table(eng, q: int, path: str) -> str:
+    """Profile REPEATS eager forwards of q tokens; write the kernel table; return a summary."""
+    r = eng.runner
+    batch = _one_seq_batch(eng, q)
+    for _ in range(3):
+        r.execute(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(REPEATS):
+            r.execute(batch)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / REPEATS
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    dev = sum(e.device_time for e in kernels) / REPEATS
+    avg = prof.key_averages()
+    with open(path, "w") as f:
+        f.write(avg.table(sort_by="self_device_time_total", row_limit=45, max_name_column_width=90))
+    return (f"q={q}: kernels {dev / 1e3:.3f} ms device, {len(kernels) / REPEATS:.0f} launches, "
+            f"eager wall {wall * 1e3:.3f} ms")
+
+
+def host_profile(shape: str, spec, path: str) -> None:
+    eng, _ = build(shape, False, spec)
+    eng.warmup()
+    decode_run(eng, 1, 32)
+    pr = cProfile.Profile()
+    pr.enable()
+    step, _ = decode_run(eng, 1, 128)
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(40)
+    with open(path, "w") as f:
+        f.write(f"median step {step * 1e3:.3f} ms (under cProfile)\n{s.getvalue()}")
+    eng.proposer = None
+    eng.runner.graphs = None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["qwen3-1.7b", "qwen3-next-3b"])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    for shape in a.shapes:
+        spec = (SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)
+                if shape in HYBRID else None)
+        eng, _ = build(shape, True, spec)
+        for q in (1, 4):
+            print(shape, kernel_table(eng, q, f"{a.out}/{shape}-kernels-q{q}.txt"), flush=True)
+        eng.proposer = None
+        del eng
+        torch.cuda.empty_cache()
+        host_profile(shape, spec, f"{a.out}/{shape}-host.txt")
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
