@@ -15,17 +15,20 @@ import torch
 import triton
 import triton.language as tl
 
+# context tokens whose keys and values one loop iteration loads together
+TILE = 64
+
 
 @triton.jit
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
-                    scale, sq_t, sq_h, sk_s, sk_h, s_tab, num_parts, max_blocks,
+                    scale, sq_t, sq_h, sk_s, sk_h, s_tab, num_parts,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                    BLOCK: tl.constexpr, PART_BLOCKS: tl.constexpr):
+                    BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
     p = tl.program_id(2)
     n = tl.load(len_ptr + t)
-    row = tl.load(row_ptr + t)
+    row = tl.load(row_ptr + t).to(tl.int64)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     gmask = g < G
@@ -36,27 +39,25 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    offs = tl.arange(0, BLOCK)
-    first = p * PART_BLOCKS
-    if first * BLOCK < n:  # partitions past the context only report "empty"
-        for jj in range(0, PART_BLOCKS):  # static trip count (CUDA graphs; Triton interpreter)
-            j = first + jj
-            blk = tl.load(tables_ptr + row * s_tab + j, mask=j < max_blocks, other=0).to(tl.int64)
-            slot = blk * BLOCK + offs
-            valid = j * BLOCK + offs < n
+    first = p * PART
+    end = tl.minimum(n, first + PART)
+    for i in range(0, PART, TILE):  # static trip count (CUDA graphs; Triton interpreter)
+        if first + i < end:  # tiles (and whole partitions) past the context are skipped
+            pos = first + i + tl.arange(0, TILE)
+            valid = pos < end
+            # every key's block id and slot at once: the loads of a tile do not wait on each other
+            blk = tl.load(tables_ptr + row * s_tab + pos // BLOCK, mask=valid, other=0)
+            slot = blk.to(tl.int64) * BLOCK + pos % BLOCK
             kv_mask = valid[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + slot[:, None] * sk_s + h * sk_h + d[None, :], mask=kv_mask,
-                        other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale      # [G_PAD, BLOCK]
+            kv_off = slot[:, None] * sk_s + h * sk_h + d[None, :]
+            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale          # [G_PAD, TILE]
             s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            # a block with no valid key leaves m at -inf: keep exp() away from -inf - -inf
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m - m_safe)
-            pr = tl.exp(s - m_safe[:, None])
-            v = tl.load(v_ptr + slot[:, None] * sk_s + h * sk_h + d[None, :], mask=kv_mask,
-                        other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * v[None, :, :], axis=1)
+            m_new = tl.maximum(m, tl.max(s, axis=1))   # finite: the tile has a valid key
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(s - m_new[:, None])
+            acc = acc * alpha[:, None] + tl.dot(pr, v, input_precision="ieee")
             l = l * alpha + tl.sum(pr, axis=1)
             m = m_new
     tl.store(m_ptr + out, m, mask=gmask)
@@ -101,17 +102,17 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Hkv = k_cache.shape[1]
     G = Hq // Hkv
     max_blocks = block_tables.shape[1]
-    part_blocks = part_size // block_size
-    num_parts = -(-max_blocks // part_blocks)
-    d_pad = triton.next_power_of_2(D)
+    num_parts = -(-max_blocks * block_size // part_size)
+    d_pad = max(16, triton.next_power_of_2(D))
     m = torch.empty(T, Hq, num_parts, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(T, Hq, num_parts, d_pad, device=q.device, dtype=torch.float32)
+    # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
     _partial_kernel[(T, Hkv, num_parts)](
         q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        num_parts, max_blocks, G=G, G_PAD=triton.next_power_of_2(G), D=D, D_PAD=d_pad, BLOCK=block_size,
-        PART_BLOCKS=part_blocks)
+        num_parts, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad,
+        BLOCK=block_size, PART=part_size, TILE=min(TILE, triton.next_power_of_2(part_size)))
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
     _merge_kernel[(T, Hq)](m, l, acc, out, out.stride(0), out.stride(1), num_parts,
                            P_PAD=triton.next_power_of_2(num_parts), D=D, D_PAD=d_pad)
