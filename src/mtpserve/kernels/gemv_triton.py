@@ -21,14 +21,32 @@ ENABLED = True
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight^T`` should take :func:`gemv`: CUDA, 16-bit weights, 2-D ``x`` of at
-    most MAX_ROWS rows."""
+    most MAX_ROWS rows, and a weight shape where it beats cuBLAS (see :func:`tile_config`)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS
-            and weight.dtype in (torch.bfloat16, torch.float16) and x.dtype == weight.dtype)
+            and weight.dtype in (torch.bfloat16, torch.float16) and x.dtype == weight.dtype
+            and tile_config(*weight.shape) is not None)
 
 
-def tile_config(n: int, k: int) -> dict:
-    """Tile sizes for an [n, k] weight: enough programs to cover the GPU, long K chunks."""
-    return dict(block_n=16 if n <= 8192 else 32, block_k=256, num_warps=4, stages=4)
+def tile_config(n: int, k: int) -> dict | None:
+    """Tile sizes for an [n, k] weight, or None where cuBLAS is faster.
+
+    From the sweep of benchmarks/gpu_gemv.py on the H200 (BENCHMARKS.md): wide outputs take wider
+    tiles; long reductions over few outputs (n <= 2048, k >= 4096, e.g. a down projection) need
+    the split-K that cuBLAS does and this kernel does not.
+    """
+    if n <= 2048 and k >= 4096:
+        return None
+    if n >= 65536:
+        block_n, block_k = 64, 128
+    elif n >= 12288:
+        block_n, block_k = (32 if k <= 2048 else 64), 128
+    elif n >= 4096:
+        block_n, block_k = 32, 512 if k >= 2048 else 256
+    elif n >= 3072:
+        block_n, block_k = 32, 128
+    else:
+        block_n, block_k = 16, 128 if k <= 576 else 256
+    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4)
 
 
 @triton.jit
@@ -66,7 +84,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     M, K = x.shape
     N = weight.shape[0]
     if block_n is None:
-        cfg = tile_config(N, K)
+        cfg = tile_config(N, K) or dict(block_n=16, block_k=256, num_warps=4, stages=4)
         block_n, block_k, num_warps, stages = (cfg["block_n"], cfg["block_k"], cfg["num_warps"],
                                                cfg["stages"])
     if M > MAX_ROWS:

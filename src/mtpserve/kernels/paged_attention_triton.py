@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-# context tokens whose keys and values one loop iteration loads together
+# context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
 
 
@@ -23,7 +23,8 @@ TILE = 64
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
                     scale, sq_t, sq_h, sk_s, sk_h, s_tab, num_parts,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                    BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr):
+                    BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr,
+                    PRECISION: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
     p = tl.program_id(2)
@@ -35,7 +36,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     dmask = d < D
     out = (t * tl.num_programs(1) * G + h * G + g) * num_parts + p   # [G_PAD] rows of m/l/acc
     q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+                mask=gmask[:, None] & dmask[None, :], other=0.0).to(k_ptr.dtype.element_ty)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -50,14 +51,16 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
             slot = blk.to(tl.int64) * BLOCK + pos % BLOCK
             kv_mask = valid[:, None] & dmask[None, :]
             kv_off = slot[:, None] * sk_s + h * sk_h + d[None, :]
-            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale          # [G_PAD, TILE]
+            # the cache's own dtype into the dots (float32 accumulation): keeps a tile's keys and
+            # values in registers at head_dim 256
+            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale       # [G_PAD, TILE]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))   # finite: the tile has a valid key
             alpha = tl.exp(m - m_new)
             pr = tl.exp(s - m_new[:, None])
-            acc = acc * alpha[:, None] + tl.dot(pr, v, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PRECISION)
             l = l * alpha + tl.sum(pr, axis=1)
             m = m_new
     tl.store(m_ptr + out, m, mask=gmask)
@@ -112,7 +115,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         num_parts, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad,
-        BLOCK=block_size, PART=part_size, TILE=min(TILE, triton.next_power_of_2(part_size)))
+        BLOCK=block_size, PART=part_size, TILE=min(TILE if D <= 128 else TILE // 2,
+                                                   triton.next_power_of_2(part_size)),
+        PRECISION="ieee" if k_cache.dtype == torch.float32 else None)
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
     _merge_kernel[(T, Hq)](m, l, acc, out, out.stride(0), out.stride(1), num_parts,
                            P_PAD=triton.next_power_of_2(num_parts), D=D, D_PAD=d_pad)

@@ -44,11 +44,14 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._product(x, self.bias)
+
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
             from mtpserve.kernels.gemv_triton import gemv
 
-            return gemv(x, self.weight, self.bias)
-        return cpu_linear.linear(x, self.weight, self.bias, self.packed)
+            return gemv(x, self.weight, bias)
+        return cpu_linear.linear(x, self.weight, bias, self.packed)
 
 
 class ReplicatedLinear(LinearBase):
@@ -128,5 +131,5 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(cpu_linear.linear(x, self.weight, None, self.packed))
+        y = tp_all_reduce(self._product(x, None))
         return y if self.bias is None else y + self.bias

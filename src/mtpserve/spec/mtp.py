@@ -95,18 +95,30 @@ class MTPProposer(Proposer):
                     and st.shadow.num_computed_tokens == seq.num_tokens - 1:
                 active.append((seq, budget, st))
         drafted = [seq for seq, _, _ in active]
+        greedy = all(seq.params.greedy for seq in drafted)
         qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq in drafted}
         hidden = torch.stack([st.last_hidden for _, _, st in active]) if active else None
+        on_device = []   # greedy: each step's draft tokens [n] stay on the device until the end
         while active:
-            tokens, q = self._sample(active, self.target.compute_logits(hidden))
+            logits = self.target.compute_logits(hidden)
+            if greedy:   # argmax without a host round trip; the next step reads it on the device
+                ids = logits.argmax(-1)
+                on_device.append(ids)
+                tokens = [0] * len(active)   # placeholders, filled in below
+            else:
+                ids, (tokens, q) = None, self._sample(active, logits)
             still, rows = [], []
             for i, (seq, budget, st) in enumerate(active):
                 seq.draft_token_ids = seq.draft_token_ids + [tokens[i]]
-                qs[seq.request_id].append(q[i])
+                if not greedy:
+                    qs[seq.request_id].append(q[i])
                 if len(seq.draft_token_ids) < budget:
                     still.append((seq, budget, st))
                     rows.append(i)
-            active, hidden = self._chain(still, hidden[rows]) if still else ([], None)
+            active, hidden = (self._chain(still, hidden[rows], None if ids is None else ids[rows])
+                              if still else ([], None))
+        if on_device:
+            _fill_drafts(drafted, torch.cat(on_device).tolist())
         for seq in drafted:
             st = self.states[seq.request_id]
             st.shadow.token_ids = seq.token_ids[1:]
@@ -114,9 +126,11 @@ class MTPProposer(Proposer):
             if not seq.params.greedy:
                 seq.draft_probs = torch.stack(qs[seq.request_id])
 
-    def _chain(self, active, hidden: torch.Tensor):
+    def _chain(self, active, hidden: torch.Tensor, draft_ids: torch.Tensor | None = None):
         """One chained MTP step for each active sequence: input (its previous MTP output, its
-        newest draft) one position on. Returns the sequences that ran and their outputs."""
+        newest draft) one position on. ``draft_ids`` [n] int64 on the device: those newest
+        drafts when the host holds only placeholders. Returns the sequences that ran and their
+        outputs."""
         sched, kept, rows = SchedulerOutput(), [], []
         for i, (seq, budget, st) in enumerate(active):
             sh = st.shadow
@@ -127,7 +141,8 @@ class MTPProposer(Proposer):
                 rows.append(i)
         if not kept:
             return [], None
-        y = self._forward(sched, hidden[rows], step=len(kept[0][0].draft_token_ids))
+        ids = None if draft_ids is None else draft_ids[rows]
+        y = self._forward(sched, hidden[rows], step=len(kept[0][0].draft_token_ids), input_ids=ids)
         for _, _, st in kept:
             st.shadow.num_computed_tokens += 1
         return kept, y
@@ -147,8 +162,11 @@ class MTPProposer(Proposer):
 
             self.runner.capture_cuda_graphs(MTPGraphRunner)
 
-    def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0):
+    def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0,
+                 input_ids: torch.Tensor | None = None):
         batch, _ = self.runner.prepare(sched)
+        if input_ids is not None:
+            batch.input_ids = input_ids
         hidden = hidden.to(self.runner.dtype)
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
@@ -176,3 +194,22 @@ class MTPProposer(Proposer):
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
+
+
+def _fill_drafts(drafted: list[Sequence], tokens: list[int]) -> None:
+    """Replace the greedy drafting loop's placeholders: ``tokens`` holds, step after step, the
+    draft of every sequence still drafting at that step, in order (the loop's ``active``; a
+    sequence leaves once it has its budget, so each step's sequences are a prefix-ordered
+    subset of the one before)."""
+    pos = {seq.request_id: 0 for seq in drafted}
+    step = list(drafted)
+    it = iter(tokens)
+    while step:
+        nxt = []
+        for seq in step:
+            i = pos[seq.request_id]
+            seq.draft_token_ids[i] = next(it)
+            pos[seq.request_id] = i + 1
+            if i + 1 < len(seq.draft_token_ids):
+                nxt.append(seq)
+        step = nxt
