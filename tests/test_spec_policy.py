@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.policy import DraftLengthPolicy
@@ -84,3 +86,47 @@ def test_step_timer_learns_host_seconds_per_token():
     assert t.host_per_token == 0.002 / 64
     t.record(100, 0.001, 0.003)        # faster than the device estimate: counts as zero
     assert t.host_per_token == 0.001 / 64
+
+
+def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
+    from mtpserve.spec.load_gate import LoadGate
+
+    g = LoadGate(probe_every=4)
+    # nothing measured: draft; after drafting steps only, the 4th step probes plain
+    assert [g.allow(64) for _ in range(3)] == [True, True, True]
+    g.record(64, True, tokens=120, seconds=0.010)          # 12000 tok/s drafting
+    assert g.allow(64) is False                             # step 4: the probe of plain
+    g.record(64, False, tokens=64, seconds=0.004)          # 16000 tok/s plain: faster
+    assert g.rates(64) == (12000.0, 16000.0)
+    assert [g.allow(64) for _ in range(3)] == [False, False, False]
+    assert g.allow(64) is True                              # step 8: the probe of drafting
+    # another bucket is measured on its own: one sequence still drafts
+    assert g.bucket(1) != g.bucket(64) and g.bucket(33) == g.bucket(64) != g.bucket(32)
+    assert g.allow(1) is True
+    # drafting becomes faster (exponentially weighted: 0.8 old + 0.2 new)
+    for _ in range(10):
+        g.record(64, True, tokens=400, seconds=0.010)
+    spec, plain = g.rates(64)
+    assert spec > plain
+    assert [g.allow(64) for _ in range(3)] == [True, True, True]
+    assert g.allow(64) is False                             # step 12: plain is re-measured
+    with pytest.raises(ValueError, match="probe_every"):
+        LoadGate(probe_every=1)
+
+
+def test_proposer_drafts_nothing_when_the_gate_vetoes():
+    from mtpserve.spec.load_gate import LoadGate
+    from mtpserve.spec.ngram import NgramProposer
+
+    gate = LoadGate(probe_every=1000)
+    gate.record(1, True, tokens=10, seconds=1.0)
+    gate.record(1, False, tokens=20, seconds=1.0)
+    prop = NgramProposer(3, 1, 3, DraftLengthPolicy(3, 0.0, prior=0.9, gate=gate))
+    s = Sequence("r", [5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(), (), 100, None, None)
+    # an obvious repeat: n-gram drafts 7, 5, 6
+    prop.propose([s])
+    assert s.draft_token_ids == []
+    gate.record(1, True, tokens=100, seconds=1.0)
+    gate.record(1, True, tokens=100, seconds=1.0)
+    prop.propose([s])
+    assert s.draft_token_ids == [7, 5, 6]

@@ -144,12 +144,23 @@ class LLMEngine:
         outputs = []
         for s in sched.scheduled:
             outputs.extend(self._postprocess(s))
-        self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
+        emitted = sum(len(o.new_token_ids) for o in outputs)
+        self.stats_logger.step(self, emitted)
+        self._record_for_policy(sched, emitted, time.perf_counter() - t0)
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, time.perf_counter() - t0,
                                    graphs.step_cost(batch.num_tokens))
         return outputs
+
+    def _record_for_policy(self, sched, emitted: int, seconds: float) -> None:
+        """Decode steps (every sequence computes its newest token, with or without drafts) tell
+        the draft-length policy's gate what drafting or not drafting yielded."""
+        policy = getattr(self.proposer, "policy", None)
+        if policy is None or any(s.num_new_tokens != 1 for s in sched.scheduled):
+            return
+        drafted = any(s.draft_token_ids for s in sched.scheduled)
+        policy.record_step(len(sched.scheduled), drafted, emitted, seconds)
 
     @staticmethod
     def _kept_hidden(sched, starts, batch, hidden):

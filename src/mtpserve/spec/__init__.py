@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mtpserve.config import SpeculativeConfig
+from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.policy import DraftLengthPolicy
 from mtpserve.spec.proposer import Proposer
 
@@ -61,7 +62,7 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPo
         return device + engine.step_timer.host_per_token * tokens
 
     return DraftLengthPolicy(spec.num_steps, alpha + draft_cost, step_cost=step_cost,
-                             draft_cost=draft_cost)
+                             draft_cost=draft_cost, gate=LoadGate())
 
 
 def _num_params(model) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mtpserve.engine.sequence import Sequence
+from mtpserve.spec.load_gate import LoadGate
 
 
 @dataclass
@@ -38,12 +39,14 @@ class DraftLengthPolicy:
         nothing is measured; step_cost: ``tokens -> seconds | None`` (measured target steps);
         draft_cost: beta alone (added to the measured ratio).
         prior: starting acceptance estimate; prior_weight: its weight in trials;
-        decay: forgetting factor per verify step.
+        decay: forgetting factor per verify step; gate: the measured veto by batch size
+        (load_gate.py), None for none.
     """
 
     def __init__(self, k: int, cost_per_draft: float, prior: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, step_cost=None,
-                 draft_cost: float = 0.0):
+                 draft_cost: float = 0.0, gate: LoadGate | None = None):
+        self.gate = gate
         self.k, self.cost, self.draft_cost = k, cost_per_draft, draft_cost
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.step_cost = step_cost  # measured seconds of a target step by token count, or None
@@ -54,6 +57,15 @@ class DraftLengthPolicy:
         """Sequences decoding together this step (prices the verify step when costs are
         measured)."""
         self.batch = max(1, num_seqs)
+
+    def allow_drafts(self) -> bool:
+        """Whether this step (``set_batch`` sequences) may draft at all (the gate's say)."""
+        return self.gate is None or self.gate.allow(self.batch)
+
+    def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole decode step's outcome (see ``LoadGate.record``)."""
+        if self.gate is not None:
+            self.gate.record(num_seqs, drafted, tokens, seconds)
 
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""

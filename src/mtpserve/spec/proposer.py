@@ -28,10 +28,14 @@ class Proposer(ABC):
     def propose(self, seqs: list[Sequence]) -> None:
         """Fill in drafts for ``seqs`` (each has exactly one token without K/V: its newest)."""
         work = []
+        allowed = True
         if self.policy is not None:
             self.policy.set_batch(len(seqs))
+            allowed = self.policy.allow_drafts()
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
+            if not allowed:
+                continue
             budget = min(self.k, seq.room_for_drafts)
             if budget and self.policy is not None:
                 budget = min(budget, self.policy.num_drafts(seq))
