@@ -61,8 +61,10 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPo
             return None
         return device + engine.step_timer.host_per_token * tokens
 
+    # the measured veto needs steady step times: CUDA graphs (on the CPU, the cost model alone)
+    gate = LoadGate() if runner.device.type == "cuda" else None
     return DraftLengthPolicy(spec.num_steps, alpha + draft_cost, step_cost=step_cost,
-                             draft_cost=draft_cost, gate=LoadGate())
+                             draft_cost=draft_cost, gate=gate)
 
 
 def _num_params(model) -> int:
