@@ -2,11 +2,15 @@
 every kernel is seen) and the host-side cost of a whole engine step (cProfile, CUDA graphs on).
 
     python benchmarks/gpu_profile.py [--shapes qwen3-1.7b qwen3-next-3b] [--out DIR]
+    python benchmarks/gpu_profile.py --spec-host 64    # real SmolLM2, n-gram on vs off
 
 Writes, per shape, ``DIR/<shape>-kernels-q<Q>.txt`` (kernels by self device time for a forward
 of Q tokens of one sequence: Q=1 decode, Q=4 verify of 3 drafts) and ``DIR/<shape>-host.txt``
 (cProfile of batch-1 engine steps, sorted by own time). A summary line per forward goes to
 stdout: device time of all kernels, number of kernel launches, wall time of the eager forward.
+``--spec-host N`` instead times the host side of engine steps with N code-edit requests decoding
+together on the real SmolLM2 (bf16), speculation off and n-gram on: milliseconds per step spent
+in each engine phase (cProfile cumulative times).
 """
 
 from __future__ import annotations
@@ -80,11 +84,54 @@ def host_profile(shape: str, spec, path: str) -> None:
     eng.runner.graphs = None
 
 
+PHASES = ("step", "propose", "draft", "schedule", "prepare", "execute", "_verify", "_sample",
+          "observe", "_postprocess", "_record_for_policy")
+
+
+def spec_host(conc: int, max_tokens: int = 96) -> None:
+    """Per-phase host milliseconds per decode step, n-gram off and on (see the module doc)."""
+    from mtpserve import LLM
+    from mtpserve.bench.prompts import prompt_set
+
+    for algo in (None, "ngram"):
+        kw = dict(speculative_algorithm=algo, speculative_num_steps=4) if algo else {}
+        llm = LLM(None, dtype="bfloat16", max_model_len=2048, **kw)
+        tok, eng = llm.tokenizer, llm.engine
+        prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
+                                                add_generation_prompt=True, return_dict=False))
+                   for t in prompt_set("code-edit")]
+        p = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        llm.generate(prompts[:conc], p)                     # warm-up
+        for i in range(conc):
+            eng.add_request(f"h{i}", prompts[i % len(prompts)], p)
+        while eng.scheduler.waiting or any(x.in_prefill for x in eng.scheduler.running):
+            eng.step()
+        pr, n, t = cProfile.Profile(), 0, time.perf_counter()
+        while eng.has_unfinished_requests():
+            pr.enable()
+            eng.step()
+            pr.disable()
+            n += 1
+        wall = (time.perf_counter() - t) / n
+        stats = pstats.Stats(pr).stats
+        parts = {name: ct / n * 1e3 for (f, _, name), (_, _, _, ct, _) in stats.items()
+                 if name in PHASES and "mtpserve" in f}
+        print(f"{algo or 'off':6} c={conc}: {n} steps, {wall * 1e3:.3f} ms/step wall; "
+              + ", ".join(f"{k} {parts[k]:.3f}" for k in PHASES if k in parts), flush=True)
+        del llm, eng
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["qwen3-1.7b", "qwen3-next-3b"])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--spec-host", type=int, metavar="N",
+                    help="host time per engine phase with N requests, n-gram off and on")
     a = ap.parse_args()
+    if a.spec_host:
+        spec_host(a.spec_host)
+        return
     for shape in a.shapes:
         spec = (SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)
                 if shape in HYBRID else None)

@@ -92,14 +92,15 @@ def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
     from mtpserve.spec.load_gate import LoadGate
 
     g = LoadGate(probe_every=4)
-    # nothing measured: draft; after drafting steps only, the 4th step probes plain
-    assert [g.allow(64) for _ in range(3)] == [True, True, True]
+    # nothing measured: draft; once drafting is measured, one plain step right away
+    assert [g.allow(64) for _ in range(2)] == [True, True]
     g.record(64, True, tokens=120, seconds=0.010)          # 12000 tok/s drafting
-    assert g.allow(64) is False                             # step 4: the probe of plain
+    assert g.allow(64) is False                             # step 3: plain, not yet measured
     g.record(64, False, tokens=64, seconds=0.004)          # 16000 tok/s plain: faster
     assert g.rates(64) == (12000.0, 16000.0)
+    assert g.allow(64) is True                              # step 4: the probe of drafting
     assert [g.allow(64) for _ in range(3)] == [False, False, False]
-    assert g.allow(64) is True                              # step 8: the probe of drafting
+    assert g.allow(64) is True                              # step 8: the probe again
     # another bucket is measured on its own: one sequence still drafts
     assert g.bucket(1) != g.bucket(64) and g.bucket(33) == g.bucket(64) != g.bucket(32)
     assert g.allow(1) is True

@@ -7,8 +7,8 @@ and appending for many requests at once) can still make speculation slower than 
 high load: measured on the H200 with n-gram drafts at 64 concurrent requests, 0.53x. This gate
 measures what matters instead — tokens emitted per second of whole engine steps — separately for
 steps that verified drafts and steps that did not, per batch-size bucket (powers of two), and
-vetoes drafting in a bucket where plain steps are faster. One step in ``probe_every`` runs the
-other way than the gate would choose, so both figures stay current as the load and the requests'
+vetoes drafting in a bucket where plain steps are faster. A new bucket drafts first, then runs
+one plain step; after that one step in ``probe_every`` runs the other way than the gate chooses, so both figures stay current as the load and the requests'
 acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2).
 """
 
@@ -47,10 +47,10 @@ class LoadGate:
         b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
         b.steps += 1
         spec, plain = b.rate.get(True), b.rate.get(False)
-        choice = spec is None or plain is None or spec >= plain
-        if b.steps % self.probe_every == 0:
-            return not choice if spec is not None else True
-        return choice
+        if spec is None or plain is None:   # measure each side once before judging
+            return spec is None
+        choice = spec >= plain
+        return not choice if b.steps % self.probe_every == 0 else choice
 
     def record(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A decode step of ``num_seqs`` sequences emitted ``tokens`` tokens in ``seconds``
