@@ -24,6 +24,7 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     most MAX_ROWS rows, and a weight shape where it beats cuBLAS (see :func:`tile_config`)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS
             and weight.dtype in (torch.bfloat16, torch.float16) and x.dtype == weight.dtype
+            and weight.stride(-1) == 1
             and tile_config(*weight.shape) is not None)
 
 
@@ -79,7 +80,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
     ``out_dtype`` (default x's dtype). Tile sizes default to :func:`tile_config`. Raises
-    ``ValueError`` for more than MAX_ROWS rows.
+    ``ValueError`` for more than MAX_ROWS rows or a weight not contiguous along K.
     """
     M, K = x.shape
     N = weight.shape[0]
@@ -89,6 +90,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                                                cfg["stages"])
     if M > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
+    if weight.stride(-1) != 1:
+        raise ValueError("gemv needs a weight contiguous along its input dimension")
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)

@@ -25,7 +25,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr,
                     PRECISION: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
     h = tl.program_id(1)
     p = tl.program_id(2)
     n = tl.load(len_ptr + t)
@@ -71,7 +71,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
 @triton.jit
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, so_t, so_h, num_parts,
                   P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
     hq = tl.program_id(1)
     base = (t * tl.num_programs(1) + hq) * num_parts
     p = tl.arange(0, P_PAD)

@@ -7,8 +7,8 @@ and appending for many requests at once) can still make speculation slower than 
 high load: measured on the H200 with n-gram drafts at 64 concurrent requests, 0.53x. This gate
 measures what matters instead — tokens emitted per second of whole engine steps — separately for
 steps that verified drafts and steps that did not, per batch-size bucket (powers of two), and
-vetoes drafting in a bucket where plain steps are faster. A new bucket drafts first, then runs
-one plain step; after that one step in ``probe_every`` runs the other way than the gate chooses, so both figures stay current as the load and the requests'
+vetoes drafting in a bucket where plain steps are faster. A new bucket alternates drafting and
+plain steps until both are measured; after that one step in ``probe_every`` runs the other way, so both figures stay current as the load and the requests'
 acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2).
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 @dataclass
 class _Bucket:
     rate: dict = field(default_factory=dict)   # True (drafting) / False (plain) -> tokens/s
+    count: dict = field(default_factory=dict)  # steps recorded per arm
     steps: int = 0
 
 
@@ -39,16 +40,16 @@ class LoadGate:
 
     @staticmethod
     def bucket(num_seqs: int) -> int:
-        """Bucket of a batch of ``num_seqs`` sequences: 1, 2, 3-4, 5-8, ... share one."""
-        return max(1, num_seqs - 1).bit_length()
+        """Bucket of a batch of ``num_seqs`` sequences: 1; 2; 3-4; 5-8; ...; 33-64; ..."""
+        return max(0, num_seqs - 1).bit_length()
 
     def allow(self, num_seqs: int) -> bool:
         """Whether the step about to run with ``num_seqs`` decoding sequences may draft."""
         b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
         b.steps += 1
         spec, plain = b.rate.get(True), b.rate.get(False)
-        if spec is None or plain is None:   # measure each side once before judging
-            return spec is None
+        if spec is None or plain is None:   # measure both sides first: alternate (steps with a
+            return b.steps % 2 == 1          # prefill chunk are not recorded, so never lock in)
         choice = spec >= plain
         return not choice if b.steps % self.probe_every == 0 else choice
 
@@ -58,9 +59,12 @@ class LoadGate:
         if seconds <= 0 or tokens <= 0:
             return
         b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
-        rate = tokens / seconds
-        old = b.rate.get(drafted)
-        b.rate[drafted] = rate if old is None else self.decay * old + (1 - self.decay) * rate
+        n = b.count[drafted] = b.count.get(drafted, 0) + 1
+        # a plain mean over the first steps (one slow first step must not decide for long), then
+        # exponential forgetting
+        w = max(1.0 / n, 1.0 - self.decay)
+        old = b.rate.get(drafted, 0.0)
+        b.rate[drafted] = old + w * (tokens / seconds - old)
 
     def rates(self, num_seqs: int) -> tuple[float | None, float | None]:
         """(drafting, plain) tokens/s measured in ``num_seqs``'s bucket (None: not yet)."""

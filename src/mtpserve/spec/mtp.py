@@ -115,7 +115,7 @@ class MTPProposer(Proposer):
                 if len(seq.draft_token_ids) < budget:
                     still.append((seq, budget, st))
                     rows.append(i)
-            active, hidden = (self._chain(still, hidden[rows], None if ids is None else ids[rows])
+            active, hidden = (self._chain(still, _take(hidden, rows), _take(ids, rows))
                               if still else ([], None))
         if on_device:
             _fill_drafts(drafted, torch.cat(on_device).tolist())
@@ -141,8 +141,8 @@ class MTPProposer(Proposer):
                 rows.append(i)
         if not kept:
             return [], None
-        ids = None if draft_ids is None else draft_ids[rows]
-        y = self._forward(sched, hidden[rows], step=len(kept[0][0].draft_token_ids), input_ids=ids)
+        y = self._forward(sched, _take(hidden, rows), step=len(kept[0][0].draft_token_ids),
+                          input_ids=_take(draft_ids, rows))
         for _, _, st in kept:
             st.shadow.num_computed_tokens += 1
         return kept, y
@@ -194,6 +194,16 @@ class MTPProposer(Proposer):
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
+
+
+def _take(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
+    """``x[rows]`` along dim 0 without a host sync: nothing when every row is kept (the usual
+    case), else an index uploaded from pinned memory (indexing a CUDA tensor with a Python list
+    blocks until the device is idle)."""
+    if x is None or rows == list(range(x.shape[0])):
+        return x
+    idx = torch.tensor(rows, dtype=torch.int64, pin_memory=x.is_cuda)
+    return x.index_select(0, idx.to(x.device, non_blocking=True))
 
 
 def _fill_drafts(drafted: list[Sequence], tokens: list[int]) -> None:
