@@ -25,6 +25,11 @@ SHAPES: dict[str, dict] = {
                      intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
                      rope_theta=1000000.0, max_position_embeddings=40960),
+    # two tiny layers over SmolLM2's vocabulary: the engine's host-side work dominates a step
+    "tiny-llama": dict(model_type="llama", vocab_size=49152, hidden_size=64,
+                       intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                       max_position_embeddings=4096),
     # Qwen3-Next-like hybrid MoE of ~3B parameters with one MTP layer
     "qwen3-next-3b": dict(model_type="qwen3_next", vocab_size=151936, hidden_size=2048,
                           intermediate_size=5120, num_hidden_layers=12, num_attention_heads=16,
