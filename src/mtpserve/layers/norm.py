@@ -30,6 +30,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
             return self._norm(x)
+        return self.add_norm(x, residual)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
+        """``(norm(residual + x), residual + x)``; with no residual yet (a decoder's first layer,
+        or a model without layers) ``(norm(x), x)``."""
+        if residual is None:
+            return self._norm(x), x
         if use_triton(x):
             from mtpserve.kernels import fused_triton
 

@@ -114,10 +114,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, h = h, self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm(h, residual)
+        h, residual = self.input_layernorm.add_norm(h, residual)
         h = self.self_attn(rope, h, batch)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
@@ -138,9 +135,7 @@ class LlamaModel(nn.Module):
         residual = None
         for layer in self.layers:
             h, residual = layer(rope, h, residual, batch)
-        if residual is None:   # no layers
-            return self.norm(h)
-        return self.norm(h, residual)[0]
+        return self.norm.add_norm(h, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -70,10 +70,7 @@ class HybridDecoderLayer(nn.Module):
 
     def forward_residual(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                          batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, h = h, self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm(h, residual)
+        h, residual = self.input_layernorm.add_norm(h, residual)
         h = self.linear_attn(h, batch) if self.is_linear else self.self_attn(rope, h, batch)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
@@ -111,9 +108,7 @@ class Qwen3NextModel(nn.Module):
         residual = None
         for layer in self.layers:
             h, residual = layer.forward_residual(rope, h, residual, batch)
-        if residual is None:   # no layers
-            return self.norm(h)
-        return self.norm(h, residual)[0]
+        return self.norm.add_norm(h, residual)[0]
 
 
 class Qwen3NextForCausalLM(nn.Module):
