@@ -47,3 +47,12 @@ class ForwardBatch:
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens_cpu)
+
+
+def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list of ints as a 1-D tensor on ``device``; on CUDA through pinned memory without
+    blocking the host (the caching host allocator keeps the buffer until the copy has run).
+    Building a CUDA tensor straight from a list, or indexing one with a list, waits instead."""
+    if torch.device(device).type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from mtpserve.engine.cuda_graph import SIZES, CudaGraphRunner
-from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.state_cache import LinearAttnMetadata
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
 from mtpserve.layers.linear_attention import RecurrentPlan
@@ -107,7 +107,7 @@ class HybridGraphRunner(CudaGraphRunner):
         last = [q - 1 for q in qlens] + [Q - 1] * (Bg - B)
         pad_row = self.runner.state_cache.pad_scratch_row
         rows = [r if r >= 0 else pad_row for r in meta.scratch_rows] + [pad_row] * (Bg - B)
-        host = torch.tensor(where + last + rows, dtype=torch.int64).to(dev, non_blocking=True)
+        host = to_device(where + last + rows, torch.int64, dev)
         where_t, T = host[:len(where)], len(where)
         for buf, src, fill in ((s.input_ids, batch.input_ids, 0),
                                (s.positions, batch.positions, 0),

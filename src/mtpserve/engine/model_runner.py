@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from mtpserve.config import EngineConfig, ModelConfig
-from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.state_cache import LinearAttnMetadata, StateCache
 from mtpserve.engine.scheduler import SchedulerOutput
@@ -128,11 +128,11 @@ class ModelRunner:
             logits_idx.extend(range(base + len(toks) - n_logits, base + len(toks)))
         T, B = len(ids), len(qlens)
         width = max(len(s.seq.block_table) for s in sched.scheduled)
-        i64 = self._upload(ids + pos + slots + qlens + slens + logits_idx, torch.int64)
+        i64 = to_device(ids + pos + slots + qlens + slens + logits_idx, torch.int64, self.device)
         tables = [x for s in sched.scheduled
                   for x in s.seq.block_table + [0] * (width - len(s.seq.block_table))]
-        i32 = self._upload([0] + _cumsum(qlens) + rows_of + [x + 1 for x in pos] + tables,
-                           torch.int32)
+        i32 = to_device([0] + _cumsum(qlens) + rows_of + [x + 1 for x in pos] + tables,
+                        torch.int32, self.device)
         batch = ForwardBatch(
             input_ids=i64[:T], positions=i64[T:2 * T], slot_mapping=i64[2 * T:3 * T],
             query_lens=i64[3 * T:3 * T + B], seq_lens=i64[3 * T + B:3 * T + 2 * B],
@@ -150,14 +150,6 @@ class ModelRunner:
                                               self.dtype)
         return batch, LogitsLayout(rows)
 
-    def _upload(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        """A host list as a tensor on the device; on CUDA through pinned memory without blocking
-        (the caching host allocator keeps the buffer until the copy has run)."""
-        if self.device.type != "cuda":
-            return torch.tensor(values, dtype=dtype)
-        host = torch.tensor(values, dtype=dtype, pin_memory=True)
-        return host.to(self.device, non_blocking=True)
-
     def _linear_attn_metadata(self, sched: SchedulerOutput) -> LinearAttnMetadata:
         slots = [s.seq.state_slot for s in sched.scheduled]
         rows, n = [], 0
@@ -165,7 +157,7 @@ class ModelRunner:
             rows.append(n if s.draft_token_ids else -1)
             n += bool(s.draft_token_ids)
         return LinearAttnMetadata(self.state_cache,
-                                  torch.tensor(slots, dtype=torch.int64, device=self.device),
+                                  to_device(slots, torch.int64, self.device),
                                   slots, rows)
 
     def graph_token_limit(self) -> int:

@@ -29,7 +29,7 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.distributed import get_tp_rank, get_tp_size
-from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.state_cache import LinearAttnShape
 from mtpserve.kernels.dispatch import use_triton
 from mtpserve.kernels.gated_delta_rule import (causal_conv1d, chunk_gated_delta_rule,
@@ -137,15 +137,17 @@ def _plan(batch: ForwardBatch) -> RecurrentPlan:
              if not yes]
     sq = [qlens[b] for b in small]
     max_q = max(sq, default=0)
-    i64 = dict(dtype=torch.int64, device=dev)
+    def i64(values):
+        return to_device(values, torch.int64, dev)
+
     plan = RecurrentPlan(
-        token_index=None if len(small) == len(qlens) else torch.tensor(
-            [starts[b] + i for b in small for i in range(qlens[b])], **i64),
-        pad_index=None if all(q == max_q for q in sq) else torch.tensor(
-            [g * max_q + i for g, q in enumerate(sq) for i in range(q)], **i64),
+        token_index=None if len(small) == len(qlens) else i64(
+            [starts[b] + i for b in small for i in range(qlens[b])]),
+        pad_index=None if all(q == max_q for q in sq) else i64(
+            [g * max_q + i for g, q in enumerate(sq) for i in range(q)]),
         num_small=len(small), max_q=max_q,
-        last=torch.tensor([q - 1 for q in sq], **i64) if small else None,
-        slots=torch.tensor([meta.slots_cpu[b] for b in small], **i64) if small else None,
+        last=i64([q - 1 for q in sq]) if small else None,
+        slots=i64([meta.slots_cpu[b] for b in small]) if small else None,
         scratch=[(g, meta.scratch_rows[b], qlens[b]) for g, b in enumerate(small)
                  if meta.scratch_rows[b] >= 0],
         large=large)
@@ -176,7 +178,7 @@ def _kernel_rows(p: RecurrentPlan) -> torch.Tensor | None:
         rows = [-1] * p.num_small
         for i, row, _ in p.scratch:
             rows[i] = row
-        p.kernel_rows = torch.tensor(rows, dtype=torch.int64).to(p.slots.device)
+        p.kernel_rows = to_device(rows, torch.int64, p.slots.device)
     return p.kernel_rows
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from mtpserve.engine.block_manager import BlockManager
+from mtpserve.engine.forward_batch import to_device
 from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -202,8 +203,7 @@ def _take(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
     blocks until the device is idle)."""
     if x is None or rows == list(range(x.shape[0])):
         return x
-    idx = torch.tensor(rows, dtype=torch.int64, pin_memory=x.is_cuda)
-    return x.index_select(0, idx.to(x.device, non_blocking=True))
+    return x.index_select(0, to_device(rows, torch.int64, x.device))
 
 
 def _fill_drafts(drafted: list[Sequence], tokens: list[int]) -> None:
