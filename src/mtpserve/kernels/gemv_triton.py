@@ -9,6 +9,8 @@ extra memory traffic). Float32 accumulation; one rounding to the output dtype.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -28,6 +30,7 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and tile_config(*weight.shape) is not None)
 
 
+@functools.cache
 def tile_config(n: int, k: int) -> dict | None:
     """Tile sizes for an [n, k] weight, or None where cuBLAS is faster.
 
