@@ -63,6 +63,21 @@ def _written(shape_bt, lengths, rows) -> torch.Tensor:
     return mask
 
 
+def _scratch_checked(pool, pool0, slots, scratch, scratch0, lengths, rows, with_scratch, case):
+    """Assert that slots other than ``slots`` and scratch entries the kernel was not meant to
+    write are untouched; return [(b, row, n)] for each sequence whose scratch row (``row``,
+    first ``n`` positions) the caller compares with its reference."""
+    dev = pool.device
+    others = torch.ones(pool.shape[0], dtype=torch.bool)
+    others[slots.cpu()] = False
+    assert torch.equal(pool[others.to(dev)], pool0[others.to(dev)]), case
+    written = _written(scratch.shape[:2], lengths, rows.cpu() if with_scratch
+                       else torch.full((len(lengths),), -1)).to(dev)
+    assert torch.equal(scratch[~written], scratch0[~written]), case
+    return [(b, int(rows[b]), n) for b, n in enumerate(lengths)
+            if with_scratch and int(rows[b]) >= 0]
+
+
 # --------------------------------------------------------------------------- gated delta rule
 
 RECURRENT_CASES = [
@@ -138,17 +153,9 @@ def check_recurrent(dev: str, errors: dict) -> None:
         tol = F32_TOL if out_dtype == torch.float32 else 1e-2
         _assert_close(errors, f"gdn out {out_dtype}", out, ref_o, tol)
         _assert_close(errors, "gdn slot state", pool[slots], ref_s, F32_TOL)
-        others = torch.ones(pool.shape[0], dtype=torch.bool)
-        others[slots.cpu()] = False
-        assert torch.equal(pool[others.to(dev)], pool0[others.to(dev)]), case
-        written = _written(scratch.shape[:2], lengths, rows.cpu() if with_scratch
-                           else torch.full((bs,), -1)).to(dev)
-        for b, n in enumerate(lengths):
-            r = int(rows[b])
-            if with_scratch and r >= 0:
-                _assert_close(errors, "gdn scratch state", scratch[r, :n], states[b, :n],
-                              F32_TOL)
-        assert torch.equal(scratch[~written], scratch0[~written]), case
+        for b, r, n in _scratch_checked(pool, pool0, slots, scratch, scratch0, lengths, rows,
+                                        with_scratch, case):
+            _assert_close(errors, "gdn scratch state", scratch[r, :n], states[b, :n], F32_TOL)
 
 
 # --------------------------------------------------------------------------- short conv
@@ -186,16 +193,9 @@ def check_conv(dev: str, errors: dict) -> None:
         _assert_close(errors, f"conv out {dtype}", y, ref, tol)
         ar = torch.arange(bs, device=dev)
         assert torch.equal(pool[slots], after[ar, last]), case_id
-        others = torch.ones(pool.shape[0], dtype=torch.bool)
-        others[slots.cpu()] = False
-        assert torch.equal(pool[others.to(dev)], pool0[others.to(dev)]), case_id
-        written = _written(scratch.shape[:2], lengths, rows.cpu() if with_scratch
-                           else torch.full((bs,), -1)).to(dev)
-        for b, n in enumerate(lengths):
-            r = int(rows[b])
-            if with_scratch and r >= 0:
-                assert torch.equal(scratch[r, :n], after[b, :n]), (case_id, b)
-        assert torch.equal(scratch[~written], scratch0[~written]), case_id
+        for b, r, n in _scratch_checked(pool, pool0, slots, scratch, scratch0, lengths, rows,
+                                        with_scratch, case_id):
+            assert torch.equal(scratch[r, :n], after[b, :n]), (case_id, b)
 
 
 # --------------------------------------------------------------------------- one layer
