@@ -8,6 +8,9 @@ Writes, per shape, ``DIR/<shape>-kernels-q<Q>.txt`` (kernels by self device time
 of Q tokens of one sequence: Q=1 decode, Q=4 verify of 3 drafts) and ``DIR/<shape>-host.txt``
 (cProfile of batch-1 engine steps, sorted by own time). A summary line per forward goes to
 stdout: device time of all kernels, number of kernel launches, wall time of the eager forward.
+``--step-trace B`` profiles whole engine steps with CUDA graphs on and B requests decoding
+(hybrid shapes: also with MTP k=3): wall ms per step against the device-busy ms per step (union of
+kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B>.txt``.
 ``--spec-host N`` instead times the host side of engine steps with N code-edit requests decoding
 together on the real SmolLM2 (bf16), speculation off and n-gram on: milliseconds per step spent
 in each engine phase (cProfile cumulative times).
@@ -84,6 +87,47 @@ def host_profile(shape: str, spec, path: str) -> None:
     eng.runner.graphs = None
 
 
+def _busy_us(kernels) -> float:
+    """Microseconds during which at least one kernel ran (union of the intervals)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
+def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) -> str:
+    """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
+    eng, _ = build(shape, False, spec)
+    eng.warmup()
+    p = SamplingParams(max_tokens=steps + 20, temperature=0.0, ignore_eos=True)
+    for i in range(n_req):
+        eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
+    while eng.scheduler.waiting or any(x.in_prefill for x in eng.scheduler.running):
+        eng.step()
+    for _ in range(5):
+        eng.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / steps
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = _busy_us(kernels) / steps
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=50,
+                                          max_name_column_width=90))
+    eng.proposer = None
+    eng.runner.graphs = None
+    return (f"{shape} b{n_req}{' nextn k=3' if spec else ''}: {wall * 1e3:.3f} ms/step wall "
+            f"(profiled), device busy {busy / 1e3:.3f} ms/step, "
+            f"{len(kernels) / steps:.0f} kernels/step")
+
+
 PHASES = ("step", "propose", "draft", "schedule", "prepare", "execute", "_verify", "_sample",
           "observe", "_postprocess", "_record_for_policy")
 
@@ -128,7 +172,18 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--spec-host", type=int, metavar="N",
                     help="host time per engine phase with N requests, n-gram off and on")
+    ap.add_argument("--step-trace", type=int, metavar="B",
+                    help="profile whole engine steps with B requests (graphs on)")
     a = ap.parse_args()
+    if a.step_trace:
+        mtp = SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)
+        for shape in a.shapes:
+            for spec in ((None, mtp) if shape in HYBRID else (None,)):
+                tag = "-mtp" if spec else ""
+                path = f"{a.out}/{shape}{tag}-steps-b{a.step_trace}.txt"
+                print(step_trace(shape, a.step_trace, path, spec), flush=True)
+                torch.cuda.empty_cache()
+        return
     if a.spec_host:
         spec_host(a.spec_host)
         return
