@@ -133,6 +133,12 @@ def test_preemption_loses_nothing(story_ids):
     assert tight.engine.scheduler.num_preemptions > before
     assert together == alone
     assert tight.engine.block_manager.num_free_blocks == 16
+    # async scheduling (engine/overlap.py): preempted while a step is in flight, same outputs
+    tight.engine.async_scheduling, before = True, tight.engine.scheduler.num_preemptions
+    overlapped = [r.outputs[0].token_ids for r in tight.generate(prompts, p)]
+    assert tight.engine.scheduler.num_preemptions > before
+    assert overlapped == alone and tight.engine._pending is None
+    assert tight.engine.block_manager.num_free_blocks == 16
 
 
 def test_prefix_cache_hit_and_chunked_prefill(story_ids):
@@ -147,6 +153,10 @@ def test_prefix_cache_hit_and_chunked_prefill(story_ids):
                 enable_prefix_caching=False)
     ref = plain.generate([story_ids], p)[0].outputs[0].token_ids
     assert first.outputs[0].token_ids == second.outputs[0].token_ids == ref
+    small_steps.engine.async_scheduling = True   # chunks that sample nothing, overlapped
+    third = small_steps.generate([story_ids[:-1]], p)[0]
+    assert third.num_cached_tokens == (len(story_ids) - 2) // 16 * 16
+    assert third.outputs[0].token_ids == plain.generate([story_ids[:-1]], p)[0].outputs[0].token_ids
 
 
 @pytest.mark.parametrize("prompt, params, param", [

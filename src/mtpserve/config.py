@@ -123,6 +123,8 @@ class EngineConfig:
     - ``kv_cache_memory_bytes``: KV pool size on CPU (default 1 GiB); ``num_kv_blocks`` overrides.
     - ``max_num_seqs``: most requests in one step; ``max_num_batched_tokens``: token budget per step
       (long prefills are chunked to fit).
+    - ``async_scheduling``: prepare each step while the previous one runs (engine/overlap.py);
+      None = on for CUDA devices.
     """
 
     model: str | None = None
@@ -142,6 +144,7 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_max_tokens: int | None = None
     gpu_memory_utilization: float = 0.9
+    async_scheduling: bool | None = None
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

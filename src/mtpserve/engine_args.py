@@ -35,6 +35,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(default: max-num-seqs x (1 + speculative steps))")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory for weights, activations and the KV cache")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="prepare each step on the host while the previous one runs on the GPU "
+                        "(default: on with CUDA; steps with speculation, penalties or "
+                        "min_tokens run synchronously)")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-algorithm", choices=SPEC_ALGORITHMS,
                    help="proposer; nextn and mtp are the same (the checkpoint's MTP layers)")
@@ -68,4 +72,4 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=a.max_num_batched_tokens,
         enable_prefix_caching=a.enable_prefix_caching, seed=a.seed, speculative=spec,
         enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
-        gpu_memory_utilization=a.gpu_memory_utilization)
+        gpu_memory_utilization=a.gpu_memory_utilization, async_scheduling=a.async_scheduling)

@@ -11,7 +11,8 @@ from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.block_manager import BlockManager
 from mtpserve.engine.detokenizer import IncrementalDetokenizer
 from mtpserve.engine.model_runner import ModelRunner
-from mtpserve.engine.sampler import Sampler, SamplingRow
+from mtpserve.engine.overlap import PendingStep, overlappable, patch_input_ids
+from mtpserve.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from mtpserve.engine.scheduler import ScheduledSeq, Scheduler
 from mtpserve.engine.sequence import Sequence
 from mtpserve.engine.stats_logger import StatsLogger
@@ -70,6 +71,9 @@ class LLMEngine:
         self.proposer = build_proposer(config.speculative, self)
         self.stats_logger = StatsLogger()
         self.step_timer = StepTimer()
+        self.async_scheduling = (self.device.type == "cuda" if config.async_scheduling is None
+                                 else config.async_scheduling)
+        self._pending: PendingStep | None = None   # async scheduling: the step still running
         if not config.enforce_eager:
             self.runner.capture_cuda_graphs()
             if hasattr(self.proposer, "capture_cuda_graphs"):
@@ -114,15 +118,21 @@ class LLMEngine:
             seq.finish("abort")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._pending is not None
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one forward pass over the scheduled batch; return each touched request's delta.
 
         Under speculation the proposer first drafts tokens for every decoding sequence; the
-        target then verifies all drafts in the same pass that decodes the others.
+        target then verifies all drafts in the same pass that decodes the others. Under async
+        scheduling (engine/overlap.py) the deltas returned are those of the previous step.
         """
+        overlap = self._can_overlap()
+        if self._pending is not None and not overlap:
+            return self._resolve()        # drain: the next step needs every token on the host
+        if overlap:
+            return self._overlapped_step()
         t0 = time.perf_counter()
         if self.proposer is not None:
             self.proposer.propose([s for s in self.scheduler.running if not s.in_prefill])
@@ -151,6 +161,49 @@ class LLMEngine:
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, time.perf_counter() - t0,
                                    graphs.step_cost(batch.num_tokens))
+        return outputs
+
+    # ---- async scheduling (engine/overlap.py) ---------------------------------------------------
+    def _can_overlap(self) -> bool:
+        return (self.async_scheduling and self.proposer is None
+                and all(overlappable(s.params) for s in self.seqs.values()))
+
+    def _overlapped_step(self) -> list[RequestOutput]:
+        """Launch a step (its input ids for pending tokens taken on the device), then read back
+        and post-process the previous step while this one runs."""
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return self._resolve() if self._pending is not None else []
+        batch, layout = self.runner.prepare(sched)
+        if self._pending is not None:
+            patch_input_ids(batch, sched, self._pending)
+        _, logits = self.runner.execute(batch)
+        sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
+        for s in sched.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+        result = (self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
+                  if sampling else SamplerOutput(logits.new_empty(0, dtype=torch.int64)))
+        launched = PendingStep.launch(sched, sampling, result)
+        outputs = self._resolve() if self._pending is not None else []
+        self._pending = launched
+        return outputs
+
+    def _resolve(self) -> list[RequestOutput]:
+        """Read back the pending step's tokens, append them (stop checks included) and return
+        its deltas. A sequence that finished, or was aborted, while the step ran drops its
+        token."""
+        step, self._pending = self._pending, None
+        token_ids = step.token_ids()
+        done = {id(s.seq) for s in step.sched.scheduled if s.seq.is_finished}
+        for i, (s, _) in enumerate(step.sampling):
+            if id(s.seq) not in done:
+                lp = step.logprobs[i] if step.logprobs is not None else None
+                s.seq.append_token(token_ids[i], lp)
+        outputs = []
+        for s in step.sched.scheduled:
+            if id(s.seq) not in done:
+                outputs.extend(self._postprocess(s))
+        self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
         return outputs
 
     def _record_for_policy(self, sched, emitted: int, seconds: float) -> None:

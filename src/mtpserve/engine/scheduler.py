@@ -100,6 +100,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_pending and seq.finishes_by_length:   # async scheduling: ends as is
+                i += 1
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             reaches_end = seq.num_computed_tokens + n == seq.num_tokens
             drafts = seq.draft_token_ids[: budget - n] if reaches_end else []

@@ -11,6 +11,11 @@ from mtpserve.outputs import RequestOutput, SpecStats, TokenLogprob
 from mtpserve.sampling_params import SamplingParams
 
 
+# Stands in the token list for a token still being sampled on the device; the step that reads it
+# takes the real id from the device instead (engine/overlap.py), so no forward ever embeds it.
+PLACEHOLDER_TOKEN = 0
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"      # not yet (or no longer, after preemption) holding KV blocks
     RUNNING = "running"      # scheduled; may still be in the middle of a chunked prefill
@@ -27,6 +32,10 @@ class Sequence:
     Stop conditions are checked on every appended token (also in the middle of an accepted
     speculative block): EOS (unless ``ignore_eos``), ``stop_token_ids``, stop strings (through the
     detokenizer), ``max_tokens`` and ``max_model_len``.
+
+    Under async scheduling (engine/overlap.py) a token sampled by a step still running on the
+    device is a *placeholder* at the end of ``token_ids`` (``num_pending`` of them, at most two):
+    it counts for scheduling (positions, blocks), and :meth:`append_token` later fills it in.
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -49,6 +58,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
         self.state_slot: int | None = None   # recurrent-state slot (hybrid models)
+        self.num_pending = 0                  # placeholder tokens at the end of token_ids
         self.draft_token_ids: list[int] = []
         self.draft_probs: torch.Tensor | None = None
         self.spec = SpecStats()
@@ -83,12 +93,29 @@ class Sequence:
         left_positions = self.max_model_len - self.num_tokens
         return max(0, min(left_tokens, left_positions))
 
+    @property
+    def finishes_by_length(self) -> bool:
+        """True when the tokens already sampled (placeholders included) reach ``max_tokens`` or
+        ``max_model_len``: the sequence ends whatever they are, so it needs no further step."""
+        return (len(self.output_token_ids) + self.num_pending >= self.max_tokens
+                or self.num_tokens >= self.max_model_len)
+
     # ---- appending -------------------------------------------------------------------------
+    def add_placeholder(self) -> None:
+        """Reserve the position of a token being sampled on the device (async scheduling)."""
+        self.token_ids.append(PLACEHOLDER_TOKEN)
+        self.num_pending += 1
+
     def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> bool:
-        """Add one generated token and check every stop condition; return True if finished."""
+        """Add one generated token (filling the oldest placeholder, if any) and check every stop
+        condition; return True if finished."""
         assert not self.is_finished, "token appended to a finished sequence"
         n_before = len(self.output_token_ids)
-        self.token_ids.append(token_id)
+        if self.num_pending:
+            self.token_ids[len(self.token_ids) - self.num_pending] = token_id
+            self.num_pending -= 1
+        else:
+            self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
         self._new_ids.append(token_id)
         if logprob is not None:
@@ -102,7 +129,8 @@ class Sequence:
         matched = self.detok.append(token_id)
         if matched is not None:
             return self.finish("stop", matched)
-        if len(self.output_token_ids) >= self.max_tokens or self.num_tokens >= self.max_model_len:
+        if len(self.output_token_ids) >= self.max_tokens \
+                or self.num_tokens - self.num_pending >= self.max_model_len:
             return self.finish("length", None)
         return False
 

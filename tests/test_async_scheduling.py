@@ -1,0 +1,124 @@
+"""Async scheduling (engine/overlap.py) on the real SmolLM2: every output equals the synchronous
+engine's — tokens, text, stops, logprobs — including finishes that the pipeline only sees
+one step late, aborts while a step is in flight and drains for penalties. Preemption and chunked
+prefill under async scheduling: tests/test_engine_real.py."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+
+from mtpserve import SamplingParams
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = "Tell me a story about a cat and a dog who became friends."
+
+
+def chat_ids(tok, text):
+    return list(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                        add_generation_prompt=True, return_dict=False))
+
+
+@contextmanager
+def async_on(llm):
+    eng = llm.engine
+    eng.async_scheduling = True
+    try:
+        yield eng
+    finally:
+        eng.async_scheduling = False
+        assert eng._pending is None
+
+
+def summary(results):
+    return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason,
+              [(lp.token_id, round(lp.logprob, 4), lp.top) for lp in o.logprobs or []])
+             for o in r.outputs] for r in results]
+
+
+def mixed_requests(tok):
+    q, story = chat_ids(tok, QUESTION[0]["content"]), chat_ids(tok, STORY)
+    prompts = [q, q, story, story, story, q, story]   # 32 and 44 tokens
+    params = [SamplingParams(max_tokens=20, temperature=0.0),                 # ends on EOS
+              SamplingParams(max_tokens=20, temperature=0.0, stop=["ce is"]),  # stop string
+              SamplingParams(max_tokens=1, temperature=0.0),
+              SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=11),
+              SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[7042]),
+              SamplingParams(max_tokens=5, temperature=1.0, top_k=20, seed=5, n=2)]
+    return prompts, params
+
+
+def test_async_outputs_equal_sync(smollm2_llm):
+    llm = smollm2_llm
+    prompts, params = mixed_requests(llm.tokenizer)
+    want = summary(llm.generate(prompts, params))
+    with async_on(llm):
+        got = summary(llm.generate(prompts, params))
+    assert got == want
+    assert want[0][0][1] == "The capital of France is Paris." and want[0][0][2] == "stop"
+    assert want[1][0][1] == "The capital of Fran" and want[2][0][2] == "length"
+
+
+def test_async_runs_no_extra_forward_for_length_limited_requests(smollm2_llm):
+    """max_tokens = 5 takes five forwards (a prefill and four decodes) in both modes: a
+    request whose pending tokens reach max_tokens is not scheduled again."""
+    llm, calls = smollm2_llm, []
+    runner = llm.engine.runner
+    execute = runner.execute
+    runner.execute = lambda batch: calls.append(batch.num_tokens) or execute(batch)
+    try:
+        ids = chat_ids(llm.tokenizer, STORY)
+        p = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+        want = llm.generate([ids], p)[0].outputs[0].token_ids
+        sync_calls, calls[:] = list(calls), []
+        with async_on(llm):
+            got = llm.generate([ids], p)[0].outputs[0].token_ids
+    finally:
+        runner.execute = execute
+    assert got == want and len(got) == 5
+    assert sync_calls == calls and calls[1:] == [1, 1, 1, 1]   # the prefill (its uncached part), 4 decodes
+
+
+def test_async_abort_in_flight_and_drain_for_penalties(smollm2_llm):
+    llm = smollm2_llm
+    eng, tok = llm.engine, llm.tokenizer
+    ids = chat_ids(tok, STORY)
+    greedy = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
+    alone = llm.generate([ids], greedy)[0].outputs[0].token_ids
+    penal = SamplingParams(max_tokens=5, temperature=0.0, repetition_penalty=1.3)
+    penal_alone = llm.generate([ids], penal)[0].outputs[0].token_ids
+    got = {"keep": [], "drop": [], "pen": []}
+    with async_on(llm):
+        eng.add_request("keep", ids, greedy)
+        eng.add_request("drop", ids, greedy)
+        for _ in range(3):
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+        assert eng._pending is not None          # a step is in flight
+        eng.abort_request("drop")
+        eng.add_request("pen", ids, penal)       # penalties: the next step drains first
+        drained = eng.step()
+        assert eng._pending is None and {o.request_id for o in drained} == {"keep"}
+        for o in drained:
+            got[o.request_id] += o.new_token_ids
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                got[o.request_id] += o.new_token_ids
+    assert got["keep"] == alone
+    assert got["drop"] == alone[:len(got["drop"])] and len(got["drop"]) == 2
+    assert got["pen"] == penal_alone
+
+
+@pytest.mark.parametrize("argv, want", [([], None), (["--async-scheduling"], True),
+                                         (["--no-async-scheduling"], False)])
+def test_async_scheduling_flag(argv, want, smollm2_llm):
+    import argparse
+
+    from mtpserve.engine_args import add_engine_args
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert p.parse_args(argv).async_scheduling is want
+    assert smollm2_llm.engine.async_scheduling is False    # None resolves to CUDA only
