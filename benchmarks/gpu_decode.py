@@ -129,6 +129,18 @@ def cublas_only(eng: LLMEngine, shape: str) -> dict:
     return dict(cublas_forward1_ms=fwd[1] * 1e3, cublas_b1_ms=step1 * 1e3)
 
 
+def sync_steps(eng: LLMEngine, shape: str) -> dict:
+    """Batch-1 step and batch-64 tokens/s with async scheduling off (engine/overlap.py)."""
+    eng.async_scheduling = False
+    try:
+        step1, _ = decode_run(eng, 1, 128)
+        _, tps64 = decode_run(eng, 64, 64)
+    finally:
+        eng.async_scheduling = True
+    print(f"{shape:16} async scheduling off: b1 {step1 * 1e3:.3f} ms/step, b64 {tps64:.0f} tok/s")
+    return dict(sync_b1_ms=step1 * 1e3, sync_b64_tok_s=tps64)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-1.7b", "qwen3-8b"])
@@ -136,6 +148,8 @@ def main() -> None:
     ap.add_argument("--mtp", action="store_true", help="hybrid shapes: also a step with MTP")
     ap.add_argument("--gemv-compare", action="store_true",
                     help="also time batch-1 decode with every product on cuBLAS (no Triton gemv)")
+    ap.add_argument("--sync-compare", action="store_true",
+                    help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = {}
@@ -157,6 +171,8 @@ def main() -> None:
                            b64_tok_s=tps64, verify4_over_decode=ratio)
         print(f"{shape:16}{ready:8.1f}{fwd[1] * 1e3:9.3f}{step1 * 1e3:12.3f}{1 / step1:10.0f}"
               f"{tps16:11.0f}{tps64:11.0f}{ratio:10.2f}")
+        if a.sync_compare:
+            rows[shape].update(sync_steps(eng, shape))
         if a.gemv_compare and not a.eager:
             rows[shape].update(cublas_only(eng, shape))
         eng.runner.graphs = None
