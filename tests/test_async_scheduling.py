@@ -100,7 +100,9 @@ def test_async_abort_in_flight_and_drain_for_penalties(smollm2_llm):
         eng.abort_request("drop")
         eng.add_request("pen", ids, penal)       # penalties: the next step drains first
         drained = eng.step()
-        assert eng._pending is None and {o.request_id for o in drained} == {"keep"}
+        # keep's pending token, then a synchronous step: keep's next token, pen's first
+        assert eng._pending is None
+        assert [o.request_id for o in drained] == ["keep", "keep", "pen"]
         for o in drained:
             got[o.request_id] += o.new_token_ids
         while eng.has_unfinished_requests():
@@ -122,3 +124,48 @@ def test_async_scheduling_flag(argv, want, smollm2_llm):
     add_engine_args(p)
     assert p.parse_args(argv).async_scheduling is want
     assert smollm2_llm.engine.async_scheduling is False    # None resolves to CUDA only
+
+
+class ScriptedGate:
+    """Stands in for spec/load_gate.LoadGate: allows drafting on the steps ``pattern`` says."""
+
+    def __init__(self, pattern):
+        self.pattern, self.calls, self.records = pattern, 0, []
+
+    def allow(self, num_seqs):
+        self.calls += 1
+        return self.pattern[(self.calls - 1) % len(self.pattern)]
+
+    def record(self, num_seqs, drafted, tokens, seconds):
+        self.records.append((drafted, tokens))
+
+
+def test_ngram_steps_kept_plain_by_the_gate_overlap(smollm2_llm):
+    """With n-gram drafting, steps the load gate keeps plain run overlapped and steps it lets
+    draft run synchronously; greedy outputs equal plain decoding."""
+    from mtpserve.config import SpeculativeConfig
+    from mtpserve.spec import build_proposer
+    from mtpserve.spec.metrics import SpecMetrics
+
+    llm = smollm2_llm
+    eng = llm.engine
+    # the real model repeats this sentence, so the n-gram proposer finds drafts
+    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    want = [o.token_ids for r in llm.generate([ids, ids[:-1]], p) for o in r.outputs]
+    gate = ScriptedGate([False, False, True])
+    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    eng.proposer.policy.gate = gate
+    eng.spec_metrics = metrics = SpecMetrics(3)
+    try:
+        with async_on(llm):
+            got = [o.token_ids for r in llm.generate([ids, ids[:-1]], p) for o in r.outputs]
+    finally:
+        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+    assert got == want
+    assert metrics.num_accepted_tokens > 0
+    # gate pattern F, F, T: a plain step recorded in each cycle, from the overlapped pair (one
+    # token per running sequence), and every drafting step recorded synchronously
+    plain = [t for drafted, t in gate.records if not drafted]
+    assert len(plain) >= 5 and set(plain) <= {1, 2} and plain.count(2) >= 4
+    assert sum(d for d, _ in gate.records) >= 3

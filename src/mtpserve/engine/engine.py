@@ -128,14 +128,26 @@ class LLMEngine:
         target then verifies all drafts in the same pass that decodes the others. Under async
         scheduling (engine/overlap.py) the deltas returned are those of the previous step.
         """
-        overlap = self._can_overlap()
-        if self._pending is not None and not overlap:
-            return self._resolve()        # drain: the next step needs every token on the host
-        if overlap:
-            return self._overlapped_step()
+        t0 = time.perf_counter()
+        allowed = None        # the draft-length policy's say on this step, asked once
+        if self.proposer is not None:
+            allowed = self.proposer.allow_drafts(
+                sum(1 for s in self.scheduler.running if not s.in_prefill))
+        if self._can_overlap(allowed):
+            outputs, resolved = self._overlapped_step()
+            if resolved is not None:
+                self._record_for_policy(resolved, sum(len(o.new_token_ids) for o in outputs),
+                                        time.perf_counter() - t0)
+            return outputs
+        # drain: this step needs every token on the host
+        outputs = self._resolve()[0] if self._pending is not None else []
+        return outputs + self._sync_step(allowed)
+
+    def _sync_step(self, allowed: bool | None) -> list[RequestOutput]:
         t0 = time.perf_counter()
         if self.proposer is not None:
-            self.proposer.propose([s for s in self.scheduler.running if not s.in_prefill])
+            self.proposer.propose([s for s in self.scheduler.running if not s.in_prefill],
+                                  allowed)
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
@@ -164,16 +176,21 @@ class LLMEngine:
         return outputs
 
     # ---- async scheduling (engine/overlap.py) ---------------------------------------------------
-    def _can_overlap(self) -> bool:
-        return (self.async_scheduling and self.proposer is None
+    def _can_overlap(self, allowed: bool | None) -> bool:
+        """Async scheduling applies: no request reads its output so far when sampling, and no
+        drafts this step (no proposer, or one that may skip steps and is told not to draft)."""
+        p = self.proposer
+        return (self.async_scheduling
+                and (p is None or (p.skips_steps and allowed is False))
                 and all(overlappable(s.params) for s in self.seqs.values()))
 
-    def _overlapped_step(self) -> list[RequestOutput]:
+    def _overlapped_step(self):
         """Launch a step (its input ids for pending tokens taken on the device), then read back
-        and post-process the previous step while this one runs."""
+        and post-process the previous step while this one runs. Returns (the previous step's
+        deltas, its schedule or None)."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            return self._resolve() if self._pending is not None else []
+            return self._resolve() if self._pending is not None else ([], None)
         batch, layout = self.runner.prepare(sched)
         if self._pending is not None:
             patch_input_ids(batch, sched, self._pending)
@@ -184,14 +201,14 @@ class LLMEngine:
         result = (self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
                   if sampling else SamplerOutput(logits.new_empty(0, dtype=torch.int64)))
         launched = PendingStep.launch(sched, sampling, result)
-        outputs = self._resolve() if self._pending is not None else []
+        resolved = self._resolve() if self._pending is not None else ([], None)
         self._pending = launched
-        return outputs
+        return resolved
 
-    def _resolve(self) -> list[RequestOutput]:
-        """Read back the pending step's tokens, append them (stop checks included) and return
-        its deltas. A sequence that finished, or was aborted, while the step ran drops its
-        token."""
+    def _resolve(self):
+        """Read back the pending step's tokens, append them (stop checks included); return (its
+        deltas, its schedule). A sequence that finished, or was aborted, while the step ran
+        drops its token."""
         step, self._pending = self._pending, None
         token_ids = step.token_ids()
         done = {id(s.seq) for s in step.sched.scheduled if s.seq.is_finished}
@@ -204,7 +221,7 @@ class LLMEngine:
             if id(s.seq) not in done:
                 outputs.extend(self._postprocess(s))
         self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
-        return outputs
+        return outputs, step.sched
 
     def _record_for_policy(self, sched, emitted: int, seconds: float) -> None:
         """Decode steps (every sequence computes its newest token, with or without drafts) tell

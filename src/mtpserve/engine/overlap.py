@@ -15,9 +15,13 @@ already been scheduled once more; that extra token is dropped and never seen by 
 its K/V write is that of a real token of the sequence (its last), so nothing else is touched.
 
 Only steps whose sampling needs nothing from the host about the pending tokens overlap: no
-speculation (drafts depend on the newest token), no repetition / presence / frequency penalties
-and no ``min_tokens`` (both read the output so far). The engine drains the pipeline before any
-other step, so outputs are identical to synchronous steps.
+drafts (they depend on the newest token), no repetition / presence / frequency penalties and no
+``min_tokens`` (both read the output so far). Under speculation, the steps the draft-length
+policy's load gate keeps plain overlap when the proposer may skip steps (n-gram: its index
+catches up whenever it drafts); MTP and draft models must see every step, so they never overlap.
+The gate then compares drafting steps against overlapped plain steps, which is what the
+speculation would be competing against. The engine drains the pipeline before any other step,
+so outputs are identical to synchronous steps.
 """
 
 from __future__ import annotations

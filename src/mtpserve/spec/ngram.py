@@ -65,6 +65,8 @@ class NgramIndex:
 class NgramProposer(Proposer):
     """Deterministic drafts (one-hot q): the continuation of the longest recent n-gram match."""
 
+    skips_steps = True   # the index catches up on the tokens whenever it drafts
+
     def __init__(self, num_steps: int, ngram_min: int, ngram_max: int, policy=None):
         super().__init__(num_steps, policy)
         self.n_min, self.n_max = ngram_min, ngram_max

@@ -21,17 +21,28 @@ class Proposer(ABC):
     in one forward pass of the target and reports back through :meth:`record`.
     """
 
+    # True when skipping a step leaves nothing behind (the proposer reads only the tokens when
+    # it drafts): the engine may then overlap the steps the policy keeps plain (overlap.py).
+    skips_steps = False
+
     def __init__(self, num_steps: int, policy: DraftLengthPolicy | None = None):
         self.k = num_steps
         self.policy = policy
 
-    def propose(self, seqs: list[Sequence]) -> None:
-        """Fill in drafts for ``seqs`` (each has exactly one token without K/V: its newest)."""
+    def allow_drafts(self, num_seqs: int) -> bool:
+        """The policy's say (once per step) on whether a step of ``num_seqs`` decoding sequences
+        may draft at all."""
+        if self.policy is None:
+            return True
+        self.policy.set_batch(num_seqs)
+        return self.policy.allow_drafts()
+
+    def propose(self, seqs: list[Sequence], allowed: bool | None = None) -> None:
+        """Fill in drafts for ``seqs`` (each has exactly one token without K/V: its newest);
+        ``allowed``: :meth:`allow_drafts`'s answer for this step (None: ask now)."""
         work = []
-        allowed = True
-        if self.policy is not None:
-            self.policy.set_batch(len(seqs))
-            allowed = self.policy.allow_drafts()
+        if allowed is None:
+            allowed = self.allow_drafts(len(seqs))
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
             if not allowed:
