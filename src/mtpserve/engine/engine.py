@@ -74,6 +74,7 @@ class LLMEngine:
         self.async_scheduling = (self.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._pending: PendingStep | None = None   # async scheduling: the step still running
+        self._done_at = 0.0     # perf_counter seconds when the last step's tokens were appended
         if not config.enforce_eager:
             self.runner.capture_cuda_graphs()
             if hasattr(self.proposer, "capture_cuda_graphs"):
@@ -134,11 +135,7 @@ class LLMEngine:
             allowed = self.proposer.allow_drafts(
                 sum(1 for s in self.scheduler.running if not s.in_prefill))
         if self._can_overlap(allowed):
-            outputs, resolved = self._overlapped_step()
-            if resolved is not None:
-                self._record_for_policy(resolved, sum(len(o.new_token_ids) for o in outputs),
-                                        time.perf_counter() - t0)
-            return outputs
+            return self._overlapped_step(t0)[0]
         # drain: this step needs every token on the host
         outputs = self._resolve()[0] if self._pending is not None else []
         return outputs + self._sync_step(allowed)
@@ -169,6 +166,7 @@ class LLMEngine:
         emitted = sum(len(o.new_token_ids) for o in outputs)
         self.stats_logger.step(self, emitted)
         self._record_for_policy(sched, emitted, time.perf_counter() - t0)
+        self._done_at = time.perf_counter()
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, time.perf_counter() - t0,
@@ -184,10 +182,10 @@ class LLMEngine:
                 and (p is None or (p.skips_steps and allowed is False))
                 and all(overlappable(s.params) for s in self.seqs.values()))
 
-    def _overlapped_step(self):
+    def _overlapped_step(self, t0: float):
         """Launch a step (its input ids for pending tokens taken on the device), then read back
-        and post-process the previous step while this one runs. Returns (the previous step's
-        deltas, its schedule or None)."""
+        and post-process the previous step while this one runs. ``t0``: when this call began
+        (perf_counter seconds). Returns (the previous step's deltas, its schedule or None)."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return self._resolve() if self._pending is not None else ([], None)
@@ -200,7 +198,7 @@ class LLMEngine:
             s.seq.num_computed_tokens += s.num_new_tokens
         result = (self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
                   if sampling else SamplerOutput(logits.new_empty(0, dtype=torch.int64)))
-        launched = PendingStep.launch(sched, sampling, result)
+        launched = PendingStep.launch(sched, sampling, result, t0)
         resolved = self._resolve() if self._pending is not None else ([], None)
         self._pending = launched
         return resolved
@@ -220,7 +218,13 @@ class LLMEngine:
         for s in step.sched.scheduled:
             if id(s.seq) not in done:
                 outputs.extend(self._postprocess(s))
-        self.stats_logger.step(self, sum(len(o.new_token_ids) for o in outputs))
+        emitted = sum(len(o.new_token_ids) for o in outputs)
+        self.stats_logger.step(self, emitted)
+        # the gate's plain arm: in a pipeline a step takes from the later of its launch and the
+        # previous step's read-back to its own read-back (also when a drafting step drains it)
+        now = time.perf_counter()
+        self._record_for_policy(step.sched, emitted, now - max(step.launched_at, self._done_at))
+        self._done_at = now
         return outputs, step.sched
 
     def _record_for_policy(self, sched, emitted: int, seconds: float) -> None:

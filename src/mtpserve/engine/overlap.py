@@ -49,7 +49,8 @@ class PendingStep:
     row order; ``tokens``: sampled ids ``[N]`` int64 on the device (the next step reads them
     there); ``host``: their copy ``[N]`` (pinned on CUDA, filled asynchronously); ``ready``: a
     CUDA event recorded after the copy (None on the CPU); ``logprobs``: per row, as the sampler
-    returned them; ``row_of``: request id -> row.
+    returned them; ``row_of``: request id -> row; ``launched_at``: perf_counter seconds when
+    the engine call that launched it began.
     """
 
     sched: SchedulerOutput
@@ -59,10 +60,11 @@ class PendingStep:
     ready: torch.cuda.Event | None
     logprobs: list | None
     row_of: dict[str, int]
+    launched_at: float
 
     @classmethod
     def launch(cls, sched: SchedulerOutput, sampling: list[tuple[ScheduledSeq, int]],
-               result: SamplerOutput) -> "PendingStep":
+               result: SamplerOutput, launched_at: float) -> "PendingStep":
         """Start copying ``result.token_ids`` to the host and give each sampling sequence its
         placeholder token."""
         tokens, ready = result.token_ids, None
@@ -75,7 +77,7 @@ class PendingStep:
         for s, _ in sampling:
             s.seq.add_placeholder()
         row_of = {s.seq.request_id: i for i, (s, _) in enumerate(sampling)}
-        return cls(sched, sampling, tokens, host, ready, result.logprobs, row_of)
+        return cls(sched, sampling, tokens, host, ready, result.logprobs, row_of, launched_at)
 
     def token_ids(self) -> list[int]:
         """The sampled ids as a host list (waits for the step's copy)."""
