@@ -16,7 +16,7 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
-from mtpserve.kernels.dispatch import use_triton
+from mtpserve.kernels.dispatch import use_gemv, use_triton
 from mtpserve.layers.activation import SiluAndMul
 from mtpserve.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
@@ -107,20 +107,65 @@ class SparseMoeBlock(nn.Module):
 
     Checkpoint names (vLLM / HF): ``gate`` (router [E, H]), ``experts.*``, ``shared_expert.*``,
     ``shared_expert_gate`` ([1, H]).
+
+    On CUDA the router and the shared expert gate are one [E + 1, H] matrix (router rows, then
+    the gate's row; see :meth:`merge_router_weights`): ``gate.weight`` and
+    ``shared_expert_gate.weight`` are views of it, so checkpoints load through them as before,
+    one skinny product gives both, and kernels/moe_router_triton.py's ``route`` does softmax,
+    top-k, renormalisation and the gate's sigmoid in one kernel. The logits stay float32 there
+    (PyTorch's path, like HF's, rounds them to the model dtype first), and equal logits go to
+    the lowest expert index. Elsewhere the plain-PyTorch path below (the reference).
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hf = cfg.hf_config
         self.top_k = hf.num_experts_per_tok
+        self.num_experts = hf.num_experts
         # Qwen3.5-MoE always renormalises the top-k weights (its config has no flag)
         self.renormalize = bool(getattr(hf, "norm_topk_prob", True))
         self.gate = ReplicatedLinear(cfg.hidden_size, hf.num_experts)
         self.experts = FusedExperts(hf.num_experts, cfg.hidden_size, hf.moe_intermediate_size)
         self.shared_expert = GatedMLP(cfg.hidden_size, hf.shared_expert_intermediate_size)
         self.shared_expert_gate = ReplicatedLinear(cfg.hidden_size, 1)
+        self._router: torch.Tensor | None = None    # [E + 1, H] once merged
+        if self.gate.weight.is_cuda:
+            self.merge_router_weights()
+
+    def merge_router_weights(self) -> torch.Tensor:
+        """Put ``gate.weight`` [E, H] and ``shared_expert_gate.weight`` [1, H] into one
+        contiguous [E + 1, H] tensor (router rows, then the gate's row) and make the two
+        parameters views of it; returns it. Done at construction on CUDA and again after every
+        move that leaves the block on CUDA (``.to()`` copies parameters one by one, which would
+        untie them); a no-op when already merged. Values are kept; loading afterwards writes
+        through the views. Any device (tests merge on the CPU too)."""
+        g, s = self.gate.weight, self.shared_expert_gate.weight
+        w = self._merged_router()
+        if w is None:
+            w = torch.cat([g.data, s.data])
+            g.data, s.data = w[:self.num_experts], w[self.num_experts:]
+            self._router = w
+        return w
+
+    def _merged_router(self) -> torch.Tensor | None:
+        """The merged [E + 1, H] weight if both parameters are still views of it, else None."""
+        w = self._router
+        if w is None or self.gate.weight.data_ptr() != w.data_ptr() \
+                or self.shared_expert_gate.weight.data_ptr() != w[self.num_experts:].data_ptr():
+            return None
+        return w
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.gate.weight.is_cuda:
+            self.merge_router_weights()
+        else:
+            self._router = None
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            return self._forward_triton(x)
         probs = torch.softmax(self.gate(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -128,6 +173,44 @@ class SparseMoeBlock(nn.Module):
         routed = tp_all_reduce(self.experts(x, ids, weights.to(x.dtype)))
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
         return routed + shared
+
+    def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
+        """CUDA: one product for the router and the shared expert gate (float32 logits, see
+        :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and
+        ``routed + shared * gate`` in one op."""
+        from mtpserve.kernels.moe_router_triton import route
+
+        w = self._merged_router()
+        if w is not None:
+            ids, weights, gate = route(_router_logits(x, w), self.top_k, self.renormalize,
+                                       shared_gate=True, out_dtype=x.dtype)
+        else:                                       # untied (e.g. a deep copy): two products
+            ids, weights, _ = route(self.gate(x), self.top_k, self.renormalize,
+                                    out_dtype=x.dtype)
+            gate = torch.sigmoid(self.shared_expert_gate(x))
+        routed = tp_all_reduce(self.experts(x, ids, weights))
+        return torch.addcmul(routed, self.shared_expert(x), gate)
+
+
+# torch >= 2.8: cuBLAS products of 16-bit inputs with a float32 output (aten::mm.dtype)
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+
+
+def _router_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [T, H] @ w[E + 1, H]^T`` in float32, unrounded to x's 16-bit dtype: router logits
+    rounded to bfloat16 tie often among hundreds of experts and move the top-k boundary, and
+    the same float32 logits at every batch size keep a token's routing the same in decode,
+    verify and prefill. The skinny Triton product where it applies (``use_gemv``: up to
+    ``gemv_triton.MAX_ROWS`` rows of 16-bit x), else cuBLAS (float32 models: ``F.linear``; a
+    torch without ``mm.dtype``: ``F.linear`` too, logits in x's dtype)."""
+    if use_gemv(x, w):
+        from mtpserve.kernels.gemv_triton import gemv
+
+        return gemv(x, w, out_dtype=torch.float32)
+    if _MM_OUT_DTYPE and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) \
+            and w.dtype == x.dtype:
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return F.linear(x, w)
 
 
 def uses_moe(cfg: ModelConfig, layer_idx: int) -> bool:
