@@ -13,6 +13,10 @@ position L - 2 (L = tokens so far), predicts the next token: that is draft 1. Dr
 chain: (y_{s-1}, d_{s-1}) at position L - 3 + s. Those chained K/V entries were made from draft
 states, so the shadow forgets them at once; the next ``observe`` overwrites them with the
 target's real hidden states. The MTP therefore never needs its own rollback.
+
+When every drafting sequence is greedy, all drafts of a step come from one host-side layout
+(mtp_chain.py); sampling drafts, which need the host between steps, go step by step
+(``_draft_loop``, the chain's reference in the tests).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
+from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.proposer import Proposer
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -58,6 +63,8 @@ class MTPProposer(Proposer):
         self.sampler = Sampler(target.config.vocab_size, seed=DRAFT_SEED_OFFSET)
         self.eos = eos_token_ids
         self.states: dict[str, _MTPState] = {}
+        self.chain = DraftChain(target, runner)
+        self.use_chain = True   # greedy batches draft through self.chain (off: the step loop)
 
     # ---- after each target step: extend the MTP's cache with the real hidden states -------
     @torch.inference_mode()
@@ -95,10 +102,41 @@ class MTPProposer(Proposer):
             if st is not None and not st.broken and st.last_hidden is not None \
                     and st.shadow.num_computed_tokens == seq.num_tokens - 1:
                 active.append((seq, budget, st))
+        if not active:
+            return
+        if self.use_chain and all(seq.params.greedy for seq, _, _ in active):
+            self._draft_chain(active)
+        else:
+            self._draft_loop(active)
+        for seq, _, st in active:
+            st.shadow.token_ids = seq.token_ids[1:]
+            st.shadow.num_computed_tokens = seq.num_tokens - 1   # chained K/V is not kept
+
+    def _draft_chain(self, active) -> None:
+        """Greedy drafts of every active sequence from one layout and (on CUDA) one graph
+        replay (mtp_chain.py)."""
+        rows = [ChainRow(st.shadow.block_table, seq.num_tokens, budget)
+                for seq, budget, st in active]
+        self._allocate_chain(active, rows)
+        hidden = torch.stack([st.last_hidden for _, _, st in active])
+        for (seq, _, _), d in zip(active, self.chain.draft(hidden, rows)):
+            seq.draft_token_ids = d
+
+    def _allocate_chain(self, active, rows: list[ChainRow]) -> None:
+        """Shadow blocks for each row's chained steps, step after step in row order as the loop
+        takes them; a row whose step s finds no free block keeps s drafts (``rows[i].budget``)."""
+        for s in range(1, max(r.budget for r in rows)):
+            for (seq, _, st), r in zip(active, rows):
+                if r.budget > s and not self.bm.allocate(st.shadow, seq.num_tokens - 1 + s):
+                    r.budget = s
+
+    def _draft_loop(self, active) -> None:
+        """Draft step after step, each chained step through ``runner.prepare`` (sampling drafts;
+        greedy ones too with ``use_chain`` off: the reference for the chain)."""
         drafted = [seq for seq, _, _ in active]
         greedy = all(seq.params.greedy for seq in drafted)
         qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq in drafted}
-        hidden = torch.stack([st.last_hidden for _, _, st in active]) if active else None
+        hidden = torch.stack([st.last_hidden for _, _, st in active])
         on_device = []   # greedy: each step's draft tokens [n] stay on the device until the end
         while active:
             logits = self.target.compute_logits(hidden)
@@ -121,9 +159,6 @@ class MTPProposer(Proposer):
         if on_device:
             _fill_drafts(drafted, torch.cat(on_device).tolist())
         for seq in drafted:
-            st = self.states[seq.request_id]
-            st.shadow.token_ids = seq.token_ids[1:]
-            st.shadow.num_computed_tokens = seq.num_tokens - 1   # chained K/V is not kept
             if not seq.params.greedy:
                 seq.draft_probs = torch.stack(qs[seq.request_id])
 

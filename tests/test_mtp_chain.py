@@ -1,0 +1,100 @@
+"""The greedy MTP draft chain (spec/mtp_chain.py, spec/mtp_chain_graph.py) on the CPU.
+
+Two engines over the same checkpoint and requests, one drafting through the chain, one through
+the step-by-step loop it replaces (``MTPProposer.use_chain = False``), with a budget stand-in
+that gives every request a different number of drafts (0..k) at every step: the drafts of every
+step must be the same token ids, and the generated tokens those of plain decoding. A random MTP
+layer (any wrong position, KV slot or hidden state changes its argmax; nothing is accepted) and
+the tiny trained one (drafts get accepted, so ``observe`` runs over several positions)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness_hybrid import one_thread, random_mtp_weights, tiny_hybrid_hf
+from hybrid_checkpoint import write_checkpoint
+from harness_mtp_chain import mtp_llm
+from mtpserve import LLM, SamplingParams
+from mtpserve.spec.mtp_chain import ChainRow, plan_chain
+from trained_hybrid import held_out_prompts, trained_hybrid_dir
+
+K = 3
+GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def random_ckpt(tmp_path_factory):
+    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
+    return write_checkpoint(tmp_path_factory.mktemp("chain") / "tiny", hf, random_mtp_weights(hf))
+
+
+def random_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(2, 256, (n,), generator=g).tolist() for n in (5, 11, 3, 17, 8, 6)]
+
+
+@pytest.fixture(scope="module", params=["random", "trained"])
+def case(request, random_ckpt):
+    """(checkpoint, prompts, plain greedy token ids)."""
+    if request.param == "random":
+        path, prompts = random_ckpt, random_prompts()
+    else:
+        path, prompts = trained_hybrid_dir(), held_out_prompts(6, 6)
+    plain = LLM(str(path), **KW).generate(prompts, GREEDY)
+    return path, prompts, [r.outputs[0].token_ids for r in plain]
+
+
+def run_both(path, prompts, **kw):
+    """(chain engine, its log, its token ids), (loop engine log, token ids)."""
+    out = {}
+    for use_chain in (True, False):
+        llm, log = mtp_llm(path, use_chain, K, **{**KW, **kw})
+        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, GREEDY)]
+        out[use_chain] = (llm, log, ids)
+    return out[True], out[False][1:]
+
+
+def test_plan_lays_out_real_dead_and_padding_steps():
+    # row 0: L = 7, budget 3 -> chained positions 6, 7 in its block 9 (block size 4);
+    # row 1: L = 6, budget 1 -> both steps dead at its last real position 4 (L - 2);
+    # rows 2, 3: padding. Tables cut to the blocks the positions need (2).
+    rows = [ChainRow([5, 9, 2], 7, 3), ChainRow([4, 1], 6, 1)]
+    plan = plan_chain(rows, steps=3, padded=4, block_size=4, pad_slot=100)
+    pos = [6, 4, 0, 0, 7, 4, 0, 0]
+    assert plan.i64 == pos + [38, 100, 100, 100, 39, 100, 100, 100] + [p + 1 for p in pos]
+    assert plan.i32 == [0, 1, 0, 0] + [p + 1 for p in pos]
+    assert (plan.tables, plan.width, plan.rows, plan.padded) == ([5, 9, 4, 1], 2, 2, 4)
+
+
+def test_chain_drafts_equal_the_step_loop(case):
+    path, prompts, plain = case
+    (llm, chain_log, chain_ids), (loop_log, loop_ids) = run_both(path, prompts)
+    assert chain_ids == loop_ids == plain
+    assert [calls for calls, _ in chain_log] == [calls for calls, _ in loop_log]
+    assert all(used for _, used in chain_log) and not any(used for _, used in loop_log)
+    # the budgets really differ within a step, and some rows run dead steps
+    budgets = [sorted({len(d) for _, _, d, _ in calls}) for calls, _ in chain_log]
+    assert sum(len(b) >= 3 for b in budgets) >= 3
+    assert any(len(d) == K for calls, _ in chain_log for _, _, d, _ in calls)
+    assert all(len(d) == b for calls, _ in chain_log for _, b, d, _ in calls)
+
+
+def test_a_sampling_request_keeps_the_step_loop(random_ckpt):
+    prompts = random_prompts()[:3]
+    llm, log = mtp_llm(random_ckpt, True, K, **KW)
+    plain = LLM(str(random_ckpt), **KW).generate(prompts, GREEDY)
+    params = [GREEDY, GREEDY, SamplingParams(max_tokens=6, temperature=0.8, seed=5)]
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs[:2]] == [r.outputs[0].token_ids
+                                                         for r in plain[:2]]
+    with_sampler = [used for calls, used in log if not all(g for *_, g in calls)]
+    assert with_sampler and not any(with_sampler)
+    assert any(used for _, used in log)   # once it finished, the greedy ones chain
