@@ -159,6 +159,86 @@ def test_hybrid_model_on_cuda_matches_cpu(tmp_path):
     assert _greedy(ngram, prompts, 16) == cpu
 
 
+def test_mtp_chain_graph_replays_equal_the_eager_chain():
+    """The greedy MTP draft chain captured per (rows, steps) (spec/mtp_chain_graph.py) on the
+    qwen3-next-3b random shape, bf16, k = 3: every replay's drafts equal the eager chain run over
+    a copy of the same static inputs (same shapes, so the same kernels: exact ids). Budgets 0..3
+    mixed in every step (tests/harness_mtp_chain.py); 6 requests finishing one after another, so
+    6..1 rows replay the 8-, 4-, 2- and 1-row graphs, padded."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness_mtp_chain import Budgets
+
+    from mtpserve import SamplingParams
+    from mtpserve.bench.random_model import random_model_files
+    from mtpserve.config import EngineConfig, SpeculativeConfig
+    from mtpserve.engine.engine import LLMEngine
+    from mtpserve.spec.mtp_chain import ChainInputs
+
+    cfg = EngineConfig(dtype="bfloat16", device="cuda", max_model_len=1024, max_num_seqs=8,
+                       gpu_memory_utilization=0.4,
+                       speculative=SpeculativeConfig("nextn", num_steps=3, adaptive=False))
+    eng = LLMEngine(cfg, files=random_model_files("qwen3-next-3b"))
+    eng.proposer.policy = Budgets(3)
+    chain, graphs = eng.proposer.chain, eng.proposer.chain.graphs
+    assert set(graphs.graphs) == {(p, m) for p in (1, 2, 4, 8) for m in (1, 2, 3)}
+    seen, run = [], graphs.run
+
+    def checked(hidden, plan):
+        out = run(hidden, plan).clone()
+        P, m = plan.padded, plan.steps
+        g = graphs.graphs[(P, m)]
+        inputs = (ChainInputs.view(g.i64.clone(), g.i32.clone(), graphs.tables[:P].clone(), P,
+                                   m) if m > 1 else None)
+        eager = chain.forward(g.hidden.clone(), inputs, m)[:plan.rows]
+        seen.append((plan.rows, P, m, out.tolist(), eager.tolist()))
+        return out
+
+    graphs.run = checked
+    for i, n in enumerate((6, 9, 12, 15, 18, 22)):
+        eng.add_request(f"r{i}", [(37 * i + 11 * j) % 150000 + 2 for j in range(20 + 9 * i)],
+                        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    bad = [s for s in seen if s[3] != s[4]]
+    assert not bad, f"{len(bad)} of {len(seen)} replays differ from the eager chain: {bad[:3]}"
+    assert {P for _, P, *_ in seen} == {8, 4, 2, 1} and any(b < P for b, P, *_ in seen)
+    assert {m for _, _, m, *_ in seen} >= {2, 3}
+
+
+def test_mtp_chain_graphs_draft_as_the_step_loop(tmp_path):
+    """Tiny hybrid (float32) on CUDA with its MTP layer: drafting through the captured chain
+    graphs gives, step after step, the drafts of the step-by-step loop (use_chain off), with
+    budgets 0..3 mixed in every step; both generate the CPU's plain greedy tokens."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
+    from harness_mtp_chain import mtp_llm
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM, SamplingParams
+
+    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
+    path = str(write_checkpoint(tmp_path / "tiny", hf, random_mtp_weights(hf)))
+    prompts = [[5, 9, 33, 2, 71], list(range(2, 40)), [100, 101, 102] * 5, [7] * 3,
+               list(range(60, 3, -3))]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (8, 11, 14, 17, 20)]
+    kw = dict(dtype="float32", max_model_len=256, num_kv_blocks=64, block_size=16)
+    cpu = [r.outputs[0].token_ids for r in LLM(path, device="cpu", **kw).generate(prompts, params)]
+    runs = {}
+    for use_chain in (True, False):
+        llm, log = mtp_llm(path, use_chain, 3, device="cuda", **kw)
+        assert llm.engine.proposer.chain.graphs is not None
+        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        runs[use_chain] = (ids, log)
+    (ids, log), (loop_ids, loop_log) = runs[True], runs[False]
+    assert ids == loop_ids == cpu
+    diff = next((i for i, (a, b) in enumerate(zip(log, loop_log)) if a[0] != b[0]), None)
+    assert diff is None, f"draft call {diff}: chain {log[diff][0]} loop {loop_log[diff][0]}"
+    assert len(log) == len(loop_log) and all(rows for _, rows in log)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_kernels_match_their_torch_references(dtype):
     """Each layer on CUDA (Triton) against the same layer on the CPU (plain PyTorch)."""

@@ -5,7 +5,9 @@ the step-by-step loop it replaces (``MTPProposer.use_chain = False``), with a bu
 that gives every request a different number of drafts (0..k) at every step: the drafts of every
 step must be the same token ids, and the generated tokens those of plain decoding. A random MTP
 layer (any wrong position, KV slot or hidden state changes its argmax; nothing is accepted) and
-the tiny trained one (drafts get accepted, so ``observe`` runs over several positions)."""
+the tiny trained one (drafts get accepted, so ``observe`` runs over several positions). The
+graph runner's padding (rows up to the captured size, K/V to the pad slot, shared block table)
+is exercised with "graphs" replayed eagerly over their static buffers."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from hybrid_checkpoint import write_checkpoint
 from harness_mtp_chain import mtp_llm
 from mtpserve import LLM, SamplingParams
 from mtpserve.spec.mtp_chain import ChainRow, plan_chain
+from mtpserve.spec.mtp_chain_graph import ChainGraphs
 from trained_hybrid import held_out_prompts, trained_hybrid_dir
 
 K = 3
@@ -98,3 +101,50 @@ def test_a_sampling_request_keeps_the_step_loop(random_ckpt):
     with_sampler = [used for calls, used in log if not all(g for *_, g in calls)]
     assert with_sampler and not any(with_sampler)
     assert any(used for _, used in log)   # once it finished, the greedy ones chain
+
+
+class EagerChainReplay:
+    """Stands in for a captured chain graph: runs the chain over the static buffers."""
+
+    def __init__(self, graphs: ChainGraphs, g, counts: dict):
+        self.graphs, self.g, self.counts = graphs, g, counts
+
+    def replay(self):
+        self.counts[self.g.hidden.shape[0]] = self.counts.get(self.g.hidden.shape[0], 0) + 1
+        self.g.drafts.copy_(self.graphs.forward(self.g))
+
+
+@torch.inference_mode()
+def eager_chain_graphs(llm: LLM, max_seqs: int) -> dict:
+    """Give the engine's chain ChainGraphs whose replays run eagerly; returns replays by
+    padded row count."""
+    proposer = llm.engine.proposer
+    r = proposer.runner
+    graphs = ChainGraphs(proposer.chain, max_seqs, -(-r.max_model_len // r.block_size), K)
+    counts: dict[int, int] = {}
+    for key in graphs.keys():
+        g = graphs.static(key)
+        g.drafts = graphs.forward(g).clone()
+        g.graph = EagerChainReplay(graphs, g, counts)
+        graphs.graphs[key] = g
+    proposer.chain.graphs = graphs
+    return counts
+
+
+def test_padded_graph_layout_drafts_equal_the_step_loop(random_ckpt):
+    prompts = random_prompts()
+    # requests finish one after another: every batch size from 6 down to 1
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (4, 7, 10, 13, 16, 20)]
+    loop, loop_log = mtp_llm(random_ckpt, False, K, **KW)
+    loop_ids = [r.outputs[0].token_ids for r in loop.generate(prompts, params)]
+    llm, log = mtp_llm(random_ckpt, True, K, **KW)
+    counts = eager_chain_graphs(llm, max_seqs=4)   # captured 1, 2, 4 rows: 5, 6 rows run eagerly
+    ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+    assert ids == loop_ids
+    assert [calls for calls, _ in log] == [calls for calls, _ in loop_log]
+    print(counts, [rows for _, rows in log])
+    assert counts.get(4, 0) > 0 and counts.get(2, 0) > 0 and counts.get(1, 0) > 0
+    assert any(rows > 4 for _, rows in log)   # and larger batches eagerly
+    # steps of 3 drafting rows replayed the 4-row graph (one padding row)
+    assert 3 in [rows for _, rows in log]

@@ -14,9 +14,9 @@ chain: (y_{s-1}, d_{s-1}) at position L - 3 + s. Those chained K/V entries were 
 states, so the shadow forgets them at once; the next ``observe`` overwrites them with the
 target's real hidden states. The MTP therefore never needs its own rollback.
 
-When every drafting sequence is greedy, all drafts of a step come from one host-side layout
-(mtp_chain.py); sampling drafts, which need the host between steps, go step by step
-(``_draft_loop``, the chain's reference in the tests).
+When every drafting sequence is greedy, all drafts of a step come from one host-side layout and
+(on CUDA) one graph replay (mtp_chain.py, mtp_chain_graph.py); sampling drafts, which need the
+host between steps, go step by step (``_draft_loop``, the chain's reference in the tests).
 """
 
 from __future__ import annotations
@@ -191,12 +191,22 @@ class MTPProposer(Proposer):
         return self.sampler.draw(q, rows).tolist(), q
 
     def capture_cuda_graphs(self) -> None:
-        """Capture the MTP forwards (one MTP layer; see mtp_graph.py) once at start, like the
-        target's capture; nothing off CUDA."""
+        """Capture the MTP forwards once at start, like the target's, nothing off CUDA: the
+        observe forwards (one MTP layer; see mtp_graph.py) and the greedy draft chain per
+        (sequences, drafts) (mtp_chain_graph.py)."""
+        r = self.runner
+        if r.device.type != "cuda":
+            return
         if len(self.mtp.layers) == 1:
             from mtpserve.spec.mtp_graph import MTPGraphRunner
 
-            self.runner.capture_cuda_graphs(MTPGraphRunner)
+            r.capture_cuda_graphs(MTPGraphRunner)
+        from mtpserve.spec.mtp_chain_graph import ChainGraphs
+
+        graphs = ChainGraphs(self.chain, r.config.max_num_seqs,
+                             -(-r.max_model_len // r.block_size), self.k)
+        graphs.capture()
+        self.chain.graphs = graphs
 
     def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0,
                  input_ids: torch.Tensor | None = None):
