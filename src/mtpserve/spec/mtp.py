@@ -86,7 +86,9 @@ class MTPProposer(Proposer):
             states.append(st)
         if not states:
             return
-        y = self._forward(sched, torch.cat(hiddens))
+        # a copy: a graph's output buffer is rewritten by the next replay of its size, and a
+        # sequence not scheduled next step would then draft from another step's state
+        y = self._forward(sched, torch.cat(hiddens)).clone()
         end = 0
         for st, h in zip(states, hiddens):
             end += h.shape[0]
