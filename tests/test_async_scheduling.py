@@ -113,6 +113,36 @@ def test_async_abort_in_flight_and_drain_for_penalties(smollm2_llm):
     assert got["pen"] == penal_alone
 
 
+def test_async_prefix_cache_hit_for_a_request_admitted_next_step(smollm2_llm):
+    """A prefill's full blocks are published when it is launched (their token ids are known),
+    so a request with the same prompt admitted by the very next step reuses them, as when the
+    steps are synchronous."""
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, "Name three rivers of Europe and one of Africa, briefly.")
+    p = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    got = {}
+    with async_on(llm):
+        eng.add_request("a", ids, p)
+        a = eng.seqs["a"]
+        eng.step()                                    # launches a's prefill
+        eng.add_request("b", ids, p)
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                got.setdefault(o.request_id, o.num_cached_tokens)
+    assert got == {"a": 0, "b": (len(ids) - 1) // 16 * 16} and got["b"] >= 32
+    # blocks filled while decoding were published at launch: their hashes are those of the real
+    # tokens, never of a placeholder
+    from mtpserve.engine.block_manager import block_hash
+
+    n = (len(ids) + 19) // 16        # full blocks of prompt + 20 tokens (the last one computed)
+    assert n > (len(ids) - 1) // 16 and len(a.output_token_ids) == 20
+    h = None
+    for i in range(n):
+        h = block_hash(h, a.token_ids[i * 16:(i + 1) * 16])
+        assert h in eng.block_manager.cached, f"block {i}"
+
+
 @pytest.mark.parametrize("argv, want", [([], None), (["--async-scheduling"], True),
                                          (["--no-async-scheduling"], False)])
 def test_async_scheduling_flag(argv, want, smollm2_llm):

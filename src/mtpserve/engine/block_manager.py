@@ -76,11 +76,13 @@ class BlockManager:
         return len(blocks) * bs
 
     def register_full_blocks(self, seq: Sequence) -> None:
-        """Hash and publish every block of ``seq`` that is full of computed tokens."""
+        """Hash and publish every block of ``seq`` that is full of computed tokens whose ids are
+        known (async scheduling: not a placeholder still being sampled)."""
         if not self.prefix_caching:
             return
         bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+        known = min(seq.num_computed_tokens, seq.num_tokens - seq.num_pending)
+        for i in range(len(seq.block_hashes), known // bs):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
             seq.block_hashes.append(h)

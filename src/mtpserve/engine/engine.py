@@ -199,6 +199,8 @@ class LLMEngine:
         result = (self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
                   if sampling else SamplerOutput(logits.new_empty(0, dtype=torch.int64)))
         launched = PendingStep.launch(sched, sampling, result, t0)
+        for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
+            self.block_manager.register_full_blocks(s.seq)
         resolved = self._resolve() if self._pending is not None else ([], None)
         self._pending = launched
         return resolved

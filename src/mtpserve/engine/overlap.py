@@ -21,7 +21,11 @@ policy's load gate keeps plain overlap when the proposer may skip steps (n-gram:
 catches up whenever it drafts); MTP and draft models must see every step, so they never overlap.
 The gate then compares drafting steps against overlapped plain steps, which is what the
 speculation would be competing against. The engine drains the pipeline before any other step,
-so outputs are identical to synchronous steps.
+so greedy and seeded outputs are identical to synchronous steps. Unseeded sampled rows share one
+generator (engine/sampler.py), so the extra row of a sequence that has in fact finished shifts
+their random stream: their tokens follow the same distribution but differ, as they do whenever
+the batch changes. Full KV blocks are published for prefix caching when a step is launched
+(placeholders excluded), so a request admitted by the next step finds them.
 """
 
 from __future__ import annotations
