@@ -143,7 +143,6 @@ def test_padded_graph_layout_drafts_equal_the_step_loop(random_ckpt):
     ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
     assert ids == loop_ids
     assert [calls for calls, _ in log] == [calls for calls, _ in loop_log]
-    print(counts, [rows for _, rows in log])
     assert counts.get(4, 0) > 0 and counts.get(2, 0) > 0 and counts.get(1, 0) > 0
     assert any(rows > 4 for _, rows in log)   # and larger batches eagerly
     # steps of 3 drafting rows replayed the 4-row graph (one padding row)

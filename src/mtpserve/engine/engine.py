@@ -1,4 +1,5 @@
-"""The synchronous engine: add requests, call ``step()`` until they finish."""
+"""The engine: add requests, call ``step()`` until they finish (steps overlap under async
+scheduling, engine/overlap.py)."""
 
 from __future__ import annotations
 
@@ -135,9 +136,9 @@ class LLMEngine:
             allowed = self.proposer.allow_drafts(
                 sum(1 for s in self.scheduler.running if not s.in_prefill))
         if self._can_overlap(allowed):
-            return self._overlapped_step(t0)[0]
+            return self._overlapped_step(t0)
         # drain: this step needs every token on the host
-        outputs = self._resolve()[0] if self._pending is not None else []
+        outputs = self._resolve() if self._pending is not None else []
         return outputs + self._sync_step(allowed)
 
     def _sync_step(self, allowed: bool | None) -> list[RequestOutput]:
@@ -182,13 +183,15 @@ class LLMEngine:
                 and (p is None or (p.skips_steps and allowed is False))
                 and all(overlappable(s.params) for s in self.seqs.values()))
 
-    def _overlapped_step(self, t0: float):
+    def _overlapped_step(self, t0: float) -> list[RequestOutput]:
         """Launch a step (its input ids for pending tokens taken on the device), then read back
-        and post-process the previous step while this one runs. ``t0``: when this call began
-        (perf_counter seconds). Returns (the previous step's deltas, its schedule or None)."""
+        and post-process the previous step while this one runs; return that step's deltas.
+        ``t0``: when this call began (perf_counter seconds)."""
+        for seq in self.scheduler.running:   # drafts a budget-limited step left unscheduled
+            seq.draft_token_ids, seq.draft_probs = [], None
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            return self._resolve() if self._pending is not None else ([], None)
+            return self._resolve() if self._pending is not None else []
         batch, layout = self.runner.prepare(sched)
         if self._pending is not None:
             patch_input_ids(batch, sched, self._pending)
@@ -201,14 +204,13 @@ class LLMEngine:
         launched = PendingStep.launch(sched, sampling, result, t0)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
             self.block_manager.register_full_blocks(s.seq)
-        resolved = self._resolve() if self._pending is not None else ([], None)
+        outputs = self._resolve() if self._pending is not None else []
         self._pending = launched
-        return resolved
+        return outputs
 
-    def _resolve(self):
-        """Read back the pending step's tokens, append them (stop checks included); return (its
-        deltas, its schedule). A sequence that finished, or was aborted, while the step ran
-        drops its token."""
+    def _resolve(self) -> list[RequestOutput]:
+        """Read back the pending step's tokens, append them (stop checks included); return its
+        deltas. A sequence that finished, or was aborted, while the step ran drops its token."""
         step, self._pending = self._pending, None
         token_ids = step.token_ids()
         done = {id(s.seq) for s in step.sched.scheduled if s.seq.is_finished}
@@ -227,7 +229,7 @@ class LLMEngine:
         now = time.perf_counter()
         self._record_for_policy(step.sched, emitted, now - max(step.launched_at, self._done_at))
         self._done_at = now
-        return outputs, step.sched
+        return outputs
 
     def _record_for_policy(self, sched, emitted: int, seconds: float) -> None:
         """Decode steps (every sequence computes its newest token, with or without drafts) tell
