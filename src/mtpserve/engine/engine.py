@@ -199,9 +199,8 @@ class LLMEngine:
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-        result = (self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
-                  if sampling else SamplerOutput(logits.new_empty(0, dtype=torch.int64)))
-        launched = PendingStep.launch(sched, sampling, result, t0)
+        launched = PendingStep.launch(sched, sampling, self._sample_on_device(sampling, logits),
+                                      t0)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
             self.block_manager.register_full_blocks(s.seq)
         outputs = self._resolve() if self._pending is not None else []
@@ -252,8 +251,14 @@ class LLMEngine:
             offset += q
         return items
 
+    def _sample_on_device(self, sampling, logits) -> SamplerOutput:
+        """One token per sampling row, left on the device (logprobs, when asked, on the host)."""
+        if not sampling:
+            return SamplerOutput(logits.new_empty(0, dtype=torch.int64))
+        return self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
+
     def _sample(self, sampling, logits) -> None:
-        result = self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
+        result = self._sample_on_device(sampling, logits)
         token_ids = result.token_ids.tolist()
         for i, (s, _) in enumerate(sampling):
             lp = result.logprobs[i] if result.logprobs is not None else None
