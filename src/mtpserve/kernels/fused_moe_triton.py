@@ -25,6 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpserve.kernels import pdl
+from mtpserve.kernels.pdl import pdl_wait
+
 
 def padded_rows(num_rows: int, num_experts: int, block_m: int) -> int:
     """Upper bound of the padded row count for ``num_rows`` (token, choice) rows."""
@@ -61,7 +64,8 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, be_ptr, act_ptr, num_rows, top_k,
                     H: tl.constexpr, I: tl.constexpr, sx, swe, swn, sa, BM: tl.constexpr,
-                    BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+                    BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     e = tl.load(be_ptr + b)
     if e < 0:
@@ -94,7 +98,8 @@ def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, be_ptr, act_ptr, num_rows, top_k,
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, rows_ptr, be_ptr, rw_ptr, out_ptr, num_rows,
                  H: tl.constexpr, I: tl.constexpr, sa, swe, swn, so, BM: tl.constexpr,
-                 BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+                 BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     e = tl.load(be_ptr + b)
     if e < 0:
@@ -173,10 +178,10 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _gate_up_kernel[(nb, triton.cdiv(inter, bn))](
         x, gate_up, rows, block_expert, act, n, k, H, inter,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), BM=bm, BN=bn, BK=bk,
-        PRECISION=prec)
+        PRECISION=prec, **pdl.launch(x))
     out = x.new_empty(n, H)
     _down_kernel[(nb, triton.cdiv(H, bn))](
         act, down, rows, block_expert, weights.contiguous().flatten(), out, n, H, inter,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), BM=bm, BN=bn, BK=bk,
-        PRECISION=prec)
+        PRECISION=prec, **pdl.launch(x))
     return out.view(T, k, H).sum(1)

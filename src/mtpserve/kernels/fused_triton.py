@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpserve.kernels import pdl
+from mtpserve.kernels.pdl import pdl_wait
+
 
 @triton.jit
 def _rms_scale(x, n, eps):
@@ -32,7 +35,8 @@ def _weigh(x, r, w, ZERO_CENTERED: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, ZERO_CENTERED: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -50,13 +54,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     n = shape[-1]
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), n, eps,
                                      ZERO_CENTERED=zero_centered,
-                                     BLOCK=triton.next_power_of_2(n))
+                                     BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
     return out.view(shape)
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, eps,
-                         ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr):
+                         ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -97,7 +102,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, total, x2.stride(0), r2.stride(0),
                                          out.stride(0), total.stride(0), n, eps,
                                          ZERO_CENTERED=zero_centered,
-                                         BLOCK=triton.next_power_of_2(n))
+                                         BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
     return out.view(shape), total.view(shape)
 
 
@@ -108,7 +113,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -125,14 +131,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, n, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(n))
     _silu_mul_kernel[(T, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), n,
-                                                 BLOCK=block)
+                                                 BLOCK=block, **pdl.launch(x))
     return out
 
 
 @triton.jit
 def _rotary_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, o_ptr, sx_t, sx_h, so_t, so_h, s_tab,
                    D: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                   REST_PAD: tl.constexpr):
+                   REST_PAD: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + t)
@@ -163,7 +170,8 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     _rotary_kernel[(T, H)](x, positions, cos, signed_sin, out, x.stride(0), x.stride(1),
                            out.stride(0), out.stride(1), cos.stride(0), D=D, HALF=rot // 2,
                            HALF_PAD=triton.next_power_of_2(rot // 2),
-                           REST_PAD=triton.next_power_of_2(rest) if rest else 0)
+                           REST_PAD=triton.next_power_of_2(rest) if rest else 0,
+                           **pdl.launch(x))
     return out
 
 
@@ -199,7 +207,8 @@ def _qk_norm_rope_kv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr
                             kc_ptr, vc_ptr, s_qkv, s_qh, k_off, v_off, s_q, s_kc, s_vc, s_tab,
                             eps, HQ: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                             BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-                            ZERO_CENTERED: tl.constexpr):
+                            ZERO_CENTERED: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)             # 0..HQ-1: query heads; HQ..: key/value heads
     pos = tl.load(pos_ptr + t)
@@ -274,7 +283,8 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
         qkv, positions, slot_mapping, cos, signed_sin, qw, kw, q, k_cache, v_cache,
         qkv.stride(0), qs, k_off, k_off + num_kv_heads * D, q.stride(0), k_cache.stride(0),
         v_cache.stride(0), cos.stride(0), eps, HQ=num_heads, D=D, HALF=rot // 2,
-        BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered)
+        BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered,
+        **pdl.launch(qkv))
     return q
 
 

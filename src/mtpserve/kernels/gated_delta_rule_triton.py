@@ -31,6 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpserve.kernels import pdl
+from mtpserve.kernels.pdl import pdl_wait
+
 
 @triton.jit
 def _softplus(x):
@@ -67,7 +70,8 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, p
                       sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_k, sg_r,
                       so_b, so_t, so_h, sp, ss_r, ss_t, T: tl.constexpr,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, RAW: tl.constexpr, SCRATCH: tl.constexpr):
+                      BV: tl.constexpr, RAW: tl.constexpr, SCRATCH: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     hk = h // R
@@ -183,7 +187,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, ssm_pool, slots, out, *, 
         *g.stride(), out.stride(0), out.stride(1), out.stride(2), ssm_pool.stride(0),
         sc.stride(0), sc.stride(1) if use_scratch else 0, T=T,
         R=R, DK=Dk, DV=Dv, BK=triton.next_power_of_2(Dk), BV=bv, RAW=raw, SCRATCH=use_scratch,
-        num_warps=max(1, bv // 8))
+        num_warps=max(1, bv // 8), **pdl.launch(q))
     return out
 
 
@@ -200,7 +204,8 @@ def _window(state_ptrs, x_ptrs, sx_t, j, mask, K: tl.constexpr):
 @triton.jit
 def _conv_kernel(x_ptr, w_ptr, pool_ptr, slots_ptr, last_ptr, y_ptr, scratch_ptr, rows_ptr, C,
                  sx_b, sx_t, sy_b, sy_t, sp, ss_r, ss_t, T: tl.constexpr, K: tl.constexpr,
-                 KP: tl.constexpr, BC: tl.constexpr, SCRATCH: tl.constexpr):
+                 KP: tl.constexpr, BC: tl.constexpr, SCRATCH: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     cm = c < C
@@ -274,5 +279,5 @@ def fused_causal_conv1d(x, weight, conv_pool, slots, last, scratch=None, scratch
         x, weight, conv_pool, slots, last, y, sc, rows, C, x.stride(0), x.stride(1),
         y.stride(0), y.stride(1), conv_pool.stride(0), sc.stride(0), sc.stride(1) if use_scratch
         else 0, T=T, K=K, KP=triton.next_power_of_2(K - 1), BC=bc, SCRATCH=use_scratch,
-        num_warps=max(1, min(4, bc // 64)))
+        num_warps=max(1, min(4, bc // 64)), **pdl.launch(x))
     return y

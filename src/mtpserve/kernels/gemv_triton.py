@@ -4,7 +4,10 @@ A decode step at batch 1 (or a verify step of 1 + k tokens) multiplies a handful
 weight matrix once, so the step is bound by reading the weights from HBM. This kernel streams
 ``W`` [N, K] in row tiles, each program owning ``BLOCK_N`` output features and reducing over
 ``K`` in ``BLOCK_K`` chunks with ``tl.dot`` (the rows of ``x`` are padded to 16, which costs no
-extra memory traffic). Float32 accumulation; one rounding to the output dtype.
+extra memory traffic). Few outputs over a long reduction (a down projection) leave too few
+programs to keep HBM busy, so the reduction is split over ``SPLIT_K`` programs per tile and
+summed by the last of them (kernels/arrival.py). Float32 accumulation; one rounding to the output
+dtype.
 """
 
 from __future__ import annotations
@@ -15,8 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpserve.kernels import arrival, pdl
+from mtpserve.kernels.arrival import arrive_last
+from mtpserve.kernels.pdl import pdl_wait
+
 # most rows of x this kernel takes; larger products go to cuBLAS
 MAX_ROWS = 16
+# bytes of its weight slab each program prefetches into L2 before it waits for the previous
+# kernel (PDL launches only; kernels/pdl.py); 0: none. Off: on the H200 (BENCHMARKS.md) 32 KiB
+# gained 0.02 ms per step at SmolLM2-135M and lost 0.04 ms at Qwen3-1.7B (batch 1)
+PREFETCH_BYTES = 0
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
 
@@ -32,75 +43,132 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @functools.cache
 def tile_config(n: int, k: int) -> dict | None:
-    """Tile sizes for an [n, k] weight, or None where cuBLAS is faster.
+    """Tile sizes and split-K factor for an [n, k] weight (None: cuBLAS is faster; no such shape
+    is known now, the hook stays for new ones).
 
-    From the sweep of benchmarks/gpu_gemv.py on the H200 (BENCHMARKS.md): wide outputs take wider
-    tiles; long reductions over few outputs (n <= 2048, k >= 4096, e.g. a down projection) need
-    the split-K that cuBLAS does and this kernel does not.
+    From the sweep of benchmarks/gpu_gemv.py on the H200 with weights read from HBM
+    (BENCHMARKS.md): wide outputs take wider tiles; few outputs over a reduction of 2048 or more
+    (an o or down projection) split the reduction four ways (2048x6144: 10.0 us vs cuBLAS's
+    own split-K 11.0 us; 2048x2048: 5.9 vs 6.8 unsplit).
     """
-    if n <= 2048 and k >= 4096:
-        return None
+    split = 1
     if n >= 65536:
         block_n, block_k = 64, 128
     elif n >= 12288:
         block_n, block_k = (32 if k <= 2048 else 64), 128
+    elif n >= 6144 and k >= 4096:
+        block_n, block_k = 64, 256
     elif n >= 4096:
         block_n, block_k = 32, 512 if k >= 2048 else 256
     elif n >= 3072:
         block_n, block_k = 32, 128
+    elif k >= 2048:
+        block_n, block_k, split = 32, 128, 4
     else:
         block_n, block_k = 16, 128 if k <= 576 else 256
-    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4)
+    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, sx, sw, sy, K: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, sy,
+                 K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                 STAGES: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                 STAGES: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL and PREFETCH > 0:   # the weights need nothing from the previous kernel
+        _prefetch_l2(w_ptr, n, pid_k * K_SPLIT, N, K, sw, PREFETCH)
+    pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        k = k0 + tl.arange(0, BLOCK_K)
+    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+        k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                     mask=nmask[:, None] & kmask[None, :], other=0.0)
         x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
                     other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    out_mask = mmask[:, None] & nmask[None, :]
+    if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
+        part = part_ptr + m[:, None] * N + n[None, :]
+        tl.store(part + pid_k * M * N, acc, mask=out_mask)
+        if arrive_last(count_ptr + pid_n, SPLIT_K):
+            acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(part + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
+    else:
+        _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
+
+
+@triton.jit
+def _prefetch_l2(w_ptr, n, k0, N, K: tl.constexpr, sw, WIDTH: tl.constexpr):
+    """Prefetch rows ``n`` x columns ``k0 .. k0 + WIDTH`` of a 16-bit weight into L2, one
+    128-byte line per address (PTX ``prefetch.global.L2``), clamped inside the weight."""
+    k = tl.minimum(k0 + tl.arange(0, WIDTH // 64) * 64, K - 1)
+    rows = tl.minimum(n, N - 1).to(tl.int64)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l",
+                              [w_ptr + rows[:, None] * sw + k[None, :]], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + m[:, None] * sy + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
+    tl.store(y_ptr + m[:, None] * sy + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+def _prefetch_width(k_split: int, block_n: int, itemsize: int) -> int:
+    """Columns of its slab a program prefetches: PREFETCH_BYTES worth, a power of two of at
+    least one 128-byte line per row, at most the slab (0: no prefetch)."""
+    cols = min(k_split, PREFETCH_BYTES // (block_n * itemsize))
+    return 0 if cols < 64 else 1 << (cols.bit_length() - 1)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
-         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+         split_k: int = 1, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
-    ``out_dtype`` (default x's dtype). Tile sizes default to :func:`tile_config`. Raises
-    ``ValueError`` for more than MAX_ROWS rows or a weight not contiguous along K.
+    ``out_dtype`` (default x's dtype). ``split_k`` > 1 splits the reduction over that
+    many programs per output tile, summed in a fixed order by the last (kernels/arrival.py).
+    Tile sizes default to :func:`tile_config`; the result of a row does not depend on M. Raises
+    ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, or an ``x`` of
+    another width.
     """
-    M, K = x.shape
-    N = weight.shape[0]
+    M = x.shape[0]
+    N, K = weight.shape
     if block_n is None:
-        cfg = tile_config(N, K) or dict(block_n=16, block_k=256, num_warps=4, stages=4)
-        block_n, block_k, num_warps, stages = (cfg["block_n"], cfg["block_k"], cfg["num_warps"],
-                                               cfg["stages"])
+        cfg = tile_config(N, K) or dict(block_n=16, block_k=256, num_warps=4, stages=4, split_k=1)
+        block_n, block_k, num_warps, stages, split_k = (
+            cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"])
     if M > MAX_ROWS:
         raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
     if weight.stride(-1) != 1:
         raise ValueError("gemv needs a weight contiguous along its input dimension")
+    if x.shape[1] != K:
+        raise ValueError(f"gemv: x has {x.shape[1]} columns for a weight of {K} inputs")
     if x.stride(-1) != 1:
         x = x.contiguous()
+    k_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
+    split_k = triton.cdiv(K, k_split)
+    n_tiles = triton.cdiv(N, block_n)
+    if split_k > 1 and n_tiles > arrival.NUM_COUNTERS:
+        raise ValueError(f"gemv: {n_tiles} output tiles is more than split-K can count")
+    part = (torch.empty(split_k, M, N, device=x.device, dtype=torch.float32) if split_k > 1
+            else weight)
+    count = arrival.counters(x.device) if split_k > 1 else weight
     y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, bias if bias is not None else weight, y, M, N, x.stride(0),
-        weight.stride(0), y.stride(0), K=K, HAS_BIAS=bias is not None,
-        PRECISION="ieee" if x.dtype == torch.float32 else None, BLOCK_N=block_n,
-        BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps)
+    _gemv_kernel[(n_tiles, split_k)](
+        x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
+        weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
+        HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
+        BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
+        PREFETCH=_prefetch_width(k_split, block_n, weight.element_size()), **pdl.launch(x))
     return y

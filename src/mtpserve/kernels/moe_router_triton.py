@@ -37,6 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpserve.kernels import pdl
+from mtpserve.kernels.pdl import pdl_wait
+
 # most experts one program holds in registers (Qwen3-Next has 512)
 MAX_EXPERTS = 1024
 
@@ -44,7 +47,8 @@ MAX_EXPERTS = 1024
 @triton.jit
 def _route_kernel(logits_ptr, ids_ptr, w_ptr, gate_ptr, T, stride, E: tl.constexpr,
                   K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ROWS: tl.constexpr, RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr):
+                  ROWS: tl.constexpr, RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < T
     rows_in = tl.minimum(rows, T - 1)            # rows past T recompute the last one, unstored
@@ -146,5 +150,5 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
             logits, ids, weights, gate if shared_gate else weights, T, logits.stride(0), E=E,
             K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), ROWS=rows,
             RENORMALIZE=bool(renormalize), SHARED_GATE=bool(shared_gate),
-            num_warps=_num_warps(block_e * rows))
+            num_warps=_num_warps(block_e * rows), **pdl.launch(logits))
     return ids, weights, gate

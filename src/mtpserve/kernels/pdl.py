@@ -1,0 +1,49 @@
+"""Programmatic dependent launch (PDL, CUDA compute capability 9.0+) for our Triton kernels.
+
+A decode step at batch 1 is ~10 short kernels per layer, and each one's launch and ramp-up sit
+between the previous kernel's last store and its own first load. Launched with PDL, a kernel's
+programs may start while the previous kernel is still running: each of our kernels first waits
+until the previous kernel has finished and its stores are visible (``griddepcontrol.wait``),
+before it reads or writes anything, and then lets the next kernel launch
+(``griddepcontrol.launch_dependents``), whose programs get ready while this one works. Work that needs nothing from the previous kernel (a weight prefetch) may come before
+the wait. Kernels not launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the
+wait returns at once after them. CUDA graphs keep these edges when a step is captured.
+See the CUDA programming guide, "Programmatic Dependent Launch and Synchronization".
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# off: every kernel launches in plain stream order (benchmarks/gpu_decode.py --pdl-compare)
+ENABLED = True
+
+
+@functools.cache
+def _supported(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether kernels working on ``x`` launch with PDL: CUDA, Hopper or newer, ENABLED."""
+    return ENABLED and x.is_cuda and _supported(x.device.index or 0)
+
+
+def launch(x: torch.Tensor) -> dict:
+    """Keyword arguments for a Triton launch over ``x``: the kernel's ``PDL`` constexpr and
+    Triton's ``launch_pdl`` option, both ``enabled(x)``."""
+    on = enabled(x)
+    return {"PDL": on, "launch_pdl": on}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Wait for the previous kernel, then let the next one launch (no-op when PDL is off, and
+    under Triton's CPU interpreter, where PDL is always off)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
