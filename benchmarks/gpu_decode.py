@@ -113,20 +113,34 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3) -> dict:
                 mtp_forward_verify_ms=fwd[1 + k] * 1e3, mtp_acceptance_length=m.acceptance_length)
 
 
-def cublas_only(eng: LLMEngine, shape: str) -> dict:
-    """Batch-1 decode and forward times with the Triton gemv off (graphs recaptured)."""
-    from mtpserve.kernels import gemv_triton
-
-    gemv_triton.ENABLED = False
+def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value) -> dict:
+    """Batch-1 decode and forward times with ``module.attr = value`` (graphs recaptured, then
+    the setting and the graphs restored). Keys of the result start with ``label``."""
+    old = getattr(module, attr)
+    setattr(module, attr, value)
     try:
         eng.runner.capture_cuda_graphs()
         step1, _ = decode_run(eng, 1, 128)
         fwd = forward_times(eng)
     finally:
-        gemv_triton.ENABLED = True
-    print(f"{shape:16} cuBLAS only: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
+        setattr(module, attr, old)
+        eng.runner.capture_cuda_graphs()
+    print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
           f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}")
-    return dict(cublas_forward1_ms=fwd[1] * 1e3, cublas_b1_ms=step1 * 1e3)
+    return {f"{label}_forward1_ms": fwd[1] * 1e3, f"{label}_b1_ms": step1 * 1e3}
+
+
+def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
+    """The ``recaptured`` timings for each switch named in ``which`` (see ``--compare``)."""
+    from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
+
+    switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
+                "prefetch": (gemv_triton, "PREFETCH_BYTES", 32768),
+                "merge_in_kernel": (paged_attention_triton, "MERGE_IN_KERNEL", True)}
+    out = {}
+    for label in which:
+        out.update(recaptured(eng, shape, label, *switches[label]))
+    return out
 
 
 def sync_steps(eng: LLMEngine, shape: str) -> dict:
@@ -146,8 +160,11 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-1.7b", "qwen3-8b"])
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--mtp", action="store_true", help="hybrid shapes: also a step with MTP")
-    ap.add_argument("--gemv-compare", action="store_true",
-                    help="also time batch-1 decode with every product on cuBLAS (no Triton gemv)")
+    ap.add_argument("--compare", nargs="+", default=[],
+                    choices=["cublas", "no_pdl", "prefetch", "merge_in_kernel"],
+                    help="also time batch-1 decode with every product on cuBLAS, without PDL, "
+                         "with a 32 KiB weight prefetch per gemv program, with the attention "
+                         "merge in the attention kernel")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")
@@ -173,8 +190,8 @@ def main() -> None:
               f"{tps16:11.0f}{tps64:11.0f}{ratio:10.2f}")
         if a.sync_compare:
             rows[shape].update(sync_steps(eng, shape))
-        if a.gemv_compare and not a.eager:
-            rows[shape].update(cublas_only(eng, shape))
+        if a.compare and not a.eager:
+            rows[shape].update(compare_kernels(eng, shape, a.compare))
         eng.runner.graphs = None
         del eng
         torch.cuda.empty_cache()
