@@ -1,15 +1,16 @@
-"""Paged attention for decode and speculative verify on CUDA, in Triton (split-K, one kernel).
+"""Paged attention for decode and speculative verify on CUDA, in Triton (split-K).
 
 Each query token t attends to the first ``kv_len[t]`` positions of its sequence, whose K/V live in
 the blocks listed in row ``table_row[t]`` of the block table: causal attention for any mix of
 decode tokens, verify tokens (k + 1 per sequence) and prefill tokens, with shapes that depend
 only on the number of tokens, so CUDA graphs can capture it. One program per (token, KV head,
 context partition) runs an online softmax (Milakov & Gimelshein 2018) over its partition for all
-query heads sharing that KV head (GQA); the last partition of a (token, KV head) to finish merges
-them (the split-K of flash-decoding, Dao et al. 2023; the merge by the last program as in
-kernels/arrival.py). Each token's context is spread evenly over the partitions, so a short
-context runs its tiles in parallel too. The plain-PyTorch reference is ``paged_attention.py``.
-"""
+query heads sharing that KV head (GQA); a second kernel merges the partitions (the split-K of
+flash-decoding, Dao et al. 2023), or, with MERGE_IN_KERNEL, the last partition of a (token, KV
+head) to finish does (kernels/arrival.py). Each token's context is spread evenly over the
+partitions, so a short context runs its tiles in parallel too; partitions past the context
+store nothing, and a context that fits one partition is written out without a merge. The
+plain-PyTorch reference is ``paged_attention.py``."""
 
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     row = tl.load(row_ptr + t).to(tl.int64)
     # the context is spread evenly over the partitions, whole tiles each: a short context keeps
     # its few tiles apart in parallel programs, a long one uses every partition
-    span = tl.cdiv(tl.cdiv(n, num_parts), TILE) * TILE
-    live = tl.cdiv(n, span)
+    span, live = _spread(n, num_parts, TILE)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     gmask = g < G
@@ -79,12 +79,12 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
             l = l * alpha + tl.sum(pr, axis=1)
             m = m_new
     heads = t * tl.num_programs(1) * G + h * G + g             # [G_PAD] flat query heads
-    if MERGE and live == 1:   # one partition holds the whole context: no merge needed
+    if live == 1:   # one partition holds the whole context: no merge needed
         if p == 0:
             o = acc / l[:, None]
             tl.store(o_ptr + t * so_t + (h * G + g)[:, None] * so_h + d[None, :],
                      o.to(o_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
-    elif not MERGE or p < live:
+    elif p < live:   # partitions past the context store nothing: the merge reads live ones
         out = heads * num_parts + p                            # [G_PAD] rows of m / l / acc
         tl.store(m_ptr + out, m, mask=gmask)
         tl.store(l_ptr + out, l, mask=gmask)
@@ -116,13 +116,24 @@ def _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr, base, parts, P_PAD: tl.constexpr, 
 
 
 @triton.jit
-def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, so_t, so_h, num_parts,
-                  P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr):
+def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, so_t, so_h, num_parts,
+                  P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                  TILE: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
-    _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + hq * so_h,
-                (t * tl.num_programs(1) + hq) * num_parts, num_parts, P_PAD, D, D_PAD)
+    _, live = _spread(tl.load(len_ptr + t), num_parts, TILE)
+    if live > 1:   # else the partition kernel wrote the output itself
+        _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + hq * so_h,
+                    (t * tl.num_programs(1) + hq) * num_parts, live, P_PAD, D, D_PAD)
+
+
+@triton.jit
+def _spread(n, num_parts, TILE: tl.constexpr):
+    """(span, live): a context of ``n`` keys spread evenly over ``num_parts`` partitions of
+    whole tiles: ``span`` keys each, the first ``live`` of them non-empty."""
+    span = tl.cdiv(tl.cdiv(n, num_parts), TILE) * TILE
+    return span, tl.cdiv(n, span)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -164,6 +175,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile, MERGE=merge,
         PRECISION="ieee" if k_cache.dtype == torch.float32 else None, **pdl.launch(q))
     if not merge:
-        _merge_kernel[(T, Hq)](m, l, acc, out, out.stride(0), out.stride(1), num_parts,
-                               P_PAD=p_pad, D=D, D_PAD=d_pad, **pdl.launch(q))
+        _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
+                               P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))
     return out
