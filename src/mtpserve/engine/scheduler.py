@@ -88,6 +88,13 @@ class Scheduler:
             self.state_cache.free(seq.state_slot)
             seq.state_slot = None
 
+    def _refuse(self, seq: Sequence) -> None:
+        """A request left waiting holds nothing: the cached blocks its prefix matched stay free
+        for running requests to grow into (it matches them again next time), and its state slot
+        goes back."""
+        self._release(seq)
+        seq.num_computed_tokens = 0
+
     # ---- scheduling --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -142,14 +149,16 @@ class Scheduler:
             if self.state_cache is not None and seq.state_slot is None:
                 seq.state_slot = self.state_cache.alloc()
                 if seq.state_slot is None:
+                    self._refuse(seq)
                     break
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.bm.allocate(seq, seq.num_computed_tokens + n):
+                needed = self.bm.blocks_needed(seq, seq.num_computed_tokens + n)
+                self._refuse(seq)
                 if not self.running:  # unreachable: the engine checks that one sequence fits
                     raise RuntimeError(
-                        f"KV cache too small: request {seq.request_id} needs "
-                        f"{self.bm.blocks_needed(seq, seq.num_computed_tokens + n)} more blocks, "
-                        f"{self.bm.num_free_blocks} free of {self.bm.num_blocks}")
+                        f"KV cache too small: request {seq.request_id} needs {needed} more "
+                        f"blocks, {self.bm.num_free_blocks} free of {self.bm.num_blocks}")
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
