@@ -161,7 +161,7 @@ class ScriptedGate:
     """Stands in for spec/load_gate.LoadGate: allows drafting on the steps ``pattern`` says."""
 
     def __init__(self, pattern):
-        self.pattern, self.calls, self.records = pattern, 0, []
+        self.pattern, self.calls, self.records, self.sized = pattern, 0, [], []
 
     def allow(self, num_seqs):
         self.calls += 1
@@ -169,6 +169,7 @@ class ScriptedGate:
 
     def record(self, num_seqs, drafted, tokens, seconds):
         self.records.append((drafted, tokens))
+        self.sized.append((num_seqs, drafted, tokens))
 
 
 @pytest.mark.parametrize("pattern, budget", [((False, False, True), None), ((True, False), None),
@@ -212,3 +213,39 @@ def test_ngram_steps_kept_plain_by_the_gate_overlap(smollm2_llm, pattern, budget
         plain = [t for drafted, t in gate.records if not drafted]
         assert len(plain) >= 5 and set(plain) <= {1, 2} and plain.count(2) >= 4
         assert len(gate.records) >= gate.calls - 3   # all but the prefill and the last steps
+
+
+def test_gate_files_a_drained_plain_step_under_its_own_batch_size(smollm2_llm):
+    """A plain step of 2 sequences is overlapped; one request is aborted before the next step,
+    which drafts and so drains the plain step. The gate must file that step under the 2
+    sequences it ran, not under the 1 of the step that drained it."""
+    from mtpserve.config import SpeculativeConfig
+    from mtpserve.spec import build_proposer
+    from mtpserve.spec.metrics import SpecMetrics
+
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    p = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    gate = ScriptedGate([False])
+    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    eng.proposer.policy.gate = gate
+    eng.spec_metrics = SpecMetrics(3)
+    try:
+        with async_on(llm):
+            eng.add_request("keep", ids, p)
+            eng.add_request("drop", ids[:-1], p)
+            while any(s.in_prefill for s in eng.scheduler.running) or eng.scheduler.waiting:
+                eng.step()
+            for _ in range(3):
+                eng.step()                           # plain steps of both, overlapped
+            assert eng._pending is not None and len(eng._pending.sched.scheduled) == 2
+            gate.sized.clear()
+            eng.abort_request("drop")
+            gate.pattern = [True]                    # the next step drafts: it drains
+            eng.step()
+            while eng.has_unfinished_requests():
+                eng.step()
+    finally:
+        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+    assert gate.sized[0][:2] == (2, False), gate.sized

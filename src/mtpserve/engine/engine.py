@@ -237,7 +237,7 @@ class LLMEngine:
         if policy is None or any(s.num_new_tokens != 1 for s in sched.scheduled):
             return
         drafted = any(s.draft_token_ids for s in sched.scheduled)
-        policy.record_step(drafted, emitted, seconds)
+        policy.record_step(len(sched.scheduled), drafted, emitted, seconds)
 
     @staticmethod
     def _kept_hidden(sched, starts, batch, hidden):

@@ -66,11 +66,12 @@ class DraftLengthPolicy:
         """Whether this step (``set_batch`` sequences) may draft at all (the gate's say)."""
         return self.gate is None or self.gate.allow(self.batch)
 
-    def record_step(self, drafted: bool, tokens: int, seconds: float) -> None:
-        """The outcome of the decode step last priced by ``set_batch`` (see
-        ``LoadGate.record``; bucketed by the same batch size the gate decided on)."""
+    def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """The outcome of a decode step of ``num_seqs`` sequences (see ``LoadGate.record``).
+        The step's own size, not the last ``set_batch``: under async scheduling a plain step is
+        read back while a later step, of another size, is already decided."""
         if self.gate is not None:
-            self.gate.record(self.batch, drafted, tokens, seconds)
+            self.gate.record(max(1, num_seqs), drafted, tokens, seconds)
 
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
