@@ -37,3 +37,13 @@ def write_checkpoint(path: Path, hf_model, extra: dict[str, torch.Tensor] | None
     save_file(tensors, str(path / "model.safetensors"))
     word_tokenizer(text.vocab_size).save_pretrained(path)
     return path
+
+
+def random_mtp_checkpoint(path: Path):
+    """A tiny random Qwen3-Next (harness_hybrid.tiny_hybrid_hf) with one random MTP layer,
+    written to ``path``; returns (path, the HF model, its weights with the ``mtp.*`` tensors)."""
+    from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
+
+    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
+    mtp = random_mtp_weights(hf)
+    return write_checkpoint(path, hf, mtp), hf, {**hf.state_dict(), **mtp}

@@ -1,20 +1,16 @@
 """The Triton paged attention (kernels/paged_attention_triton.py) on the CPU under Triton's
-interpreter (float32, in a subprocess: TRITON_INTERPRET must be set before a kernel is defined):
-partitions spread over short contexts, the merge by the last partition, and the separate merge
-kernel. The same checks in float32 and bfloat16 on CUDA: tests/test_gpu.py."""
+interpreter (float32, in a subprocess: tests/interpreted.py): partitions spread over short
+contexts, the merge by the last partition, and the separate merge kernel. The same checks in
+float32 and bfloat16 on CUDA: tests/test_gpu.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-import pytest
+from interpreted import run_interpreted
 
-_INTERPRETED = """
-import json, sys
-sys.path.insert(0, {tests!r})
+_CODE = """
+import json
 from triton.runtime.interpreter import InterpretedFunction
 from mtpserve.kernels import paged_attention_triton
 import attention_check
@@ -27,12 +23,5 @@ def test_paged_attention_under_triton_interpreter():
     """check_paged_attention("cpu", Hq 4, Hkv 2, D 32): 5 sequences (1 to 9 query tokens,
     contexts 1 to 300 keys), partitions of 64 and 256 keys: within 1e-5 of float64, both merges
     bit-equal, a token alone gives the bits it gets in the batch, counters back to zero."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = _INTERPRETED.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    worst = json.loads(line[len("RESULT "):])
+    worst = json.loads(run_interpreted(_CODE))
     assert set(worst) == {"64", "256"} and all(0 < e < 1e-5 for e in worst.values()), worst

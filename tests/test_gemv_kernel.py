@@ -1,18 +1,12 @@
-"""The skinny product's split-K reduction (kernels/gemv_triton.py) on the CPU
-under Triton's interpreter (float32, in a subprocess: TRITON_INTERPRET must be set before a
-kernel is defined). The same checks in bfloat16 on CUDA: tests/test_gpu.py."""
+"""The skinny product's split-K reduction (kernels/gemv_triton.py) on the CPU under Triton's
+interpreter (float32, in a subprocess: tests/interpreted.py). The same checks in bfloat16 on
+CUDA: tests/test_gpu.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from interpreted import run_interpreted
 
-import pytest
-
-_INTERPRETED = """
-import sys
-sys.path.insert(0, {tests!r})
+_CODE = """
 from triton.runtime.interpreter import InterpretedFunction
 from mtpserve.kernels import gemv_triton
 import gemv_check
@@ -25,11 +19,5 @@ def test_gemv_split_k_under_triton_interpreter():
     """check_split_k("cpu") of tests/gemv_check.py: a [40, 300] float32 weight, splits 1, 2, 3
     and 8 (the last split shorter than the others), within 1e-5 of the reference, with and
     without bias, row-invariant, repeatable bit for bit, counters back to zero."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = _INTERPRETED.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    worst = float(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).split()[1])
+    worst = float(run_interpreted(_CODE, timeout=300))
     assert 0 < worst < 1e-5

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness_hybrid import HybridHarness, one_thread, random_mtp_weights, tiny_hybrid_hf
-from hybrid_checkpoint import write_checkpoint
+from harness_hybrid import HybridHarness, one_thread, tiny_hybrid_hf
+from hybrid_checkpoint import random_mtp_checkpoint, write_checkpoint
 from mtpserve import LLM, SamplingParams
 from mtpserve.spec.forced import ForcedAcceptProposer
 
@@ -25,11 +25,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
-    weights = {**hf.state_dict(), **random_mtp_weights(hf)}
-    path = write_checkpoint(tmp_path_factory.mktemp("hybrid") / "tiny", hf,
-                            random_mtp_weights(hf))
-    return path, hf, weights
+    return random_mtp_checkpoint(tmp_path_factory.mktemp("hybrid") / "tiny")
 
 
 def prompts(n=24, seed=0):

@@ -8,28 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from interpreted import run_interpreted  # noqa: E402
 from moe_router_check import block_cfg, block_weights, route_ref  # noqa: E402
 
 from mtpserve.layers.moe import SparseMoeBlock  # noqa: E402
 from mtpserve.models.weights import check_all_loaded, load_weights  # noqa: E402
 
 _INTERPRETED = """
-import json, sys
-sys.path.insert(0, {tests!r})
+import json
 from triton.runtime.interpreter import InterpretedFunction
 from mtpserve.kernels import moe_router_triton
 import moe_router_check as m
 assert isinstance(moe_router_triton._route_kernel, InterpretedFunction)
-out = {{"route": m.check_route("cpu"), "block": m.check_block("cpu", rows=(1, 5))}}
+out = {"route": m.check_route("cpu"), "block": m.check_block("cpu", rows=(1, 5))}
 print("RESULT " + json.dumps(out))
 """
 
@@ -39,14 +37,7 @@ def test_router_kernel_and_block_under_triton_interpreter():
     weights within 1e-6 of the reference (E in {64, 512}, k in {8, 10}, T in {1, 5, 64}, tied
     rows, with and without renormalising and the shared gate column), and the block's Triton path
     (merged router, and the unmerged fallback) within 1e-5 of its PyTorch path."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = _INTERPRETED.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(run_interpreted(_INTERPRETED, timeout=300))
     assert 0 <= res["route"]["weights f32"] <= 1e-6 and res["route"]["gate f32"] <= 1e-6
     assert {n.rsplit(" ", 1)[0] for n in res["block"]} == {"block built float32",
                                                             "block moved float32"}

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness_hybrid import one_thread, random_mtp_weights, tiny_hybrid_hf
-from hybrid_checkpoint import write_checkpoint
+from harness_hybrid import one_thread
+from hybrid_checkpoint import random_mtp_checkpoint
 from harness_mtp_chain import mtp_llm
 from mtpserve import LLM, SamplingParams
 from mtpserve.spec.mtp_chain import ChainRow, plan_chain
@@ -35,8 +35,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def random_ckpt(tmp_path_factory):
-    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
-    return write_checkpoint(tmp_path_factory.mktemp("chain") / "tiny", hf, random_mtp_weights(hf))
+    return random_mtp_checkpoint(tmp_path_factory.mktemp("chain") / "tiny")[0]
 
 
 def random_prompts() -> list[list[int]]:
