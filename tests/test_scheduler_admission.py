@@ -79,6 +79,7 @@ def test_waiting_request_keeps_no_state_slot():
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, state_cache=slots)
     big = _seq("big", list(range(1, 30)))             # 8 blocks: never fits
     sched.add(big)
-    with pytest.raises(RuntimeError, match="KV cache too small"):
+    with pytest.raises(RuntimeError, match="KV cache too small: request big needs 8 more "
+                                           "blocks, 4 free of 4"):
         sched.schedule()
     assert big.state_slot is None and slots.free_slots == [0] and big.block_table == []

@@ -154,11 +154,12 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.bm.allocate(seq, seq.num_computed_tokens + n):
                 needed = self.bm.blocks_needed(seq, seq.num_computed_tokens + n)
+                free = self.bm.num_free_blocks   # both counted before the refusal releases
                 self._refuse(seq)
                 if not self.running:  # unreachable: the engine checks that one sequence fits
                     raise RuntimeError(
                         f"KV cache too small: request {seq.request_id} needs {needed} more "
-                        f"blocks, {self.bm.num_free_blocks} free of {self.bm.num_blocks}")
+                        f"blocks, {free} free of {self.bm.num_blocks}")
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
