@@ -64,8 +64,7 @@ def sweep(m: int, n: int, k: int) -> dict:
     res = {"rows": m, "n": n, "k": k, "gb": n * k * 2 / 1e9,
            "cublas_us": graph_time(lambda i: torch.mm(x, ws[i % copies].t())),
            "default": tile_config(n, k)}
-    if res["default"] is not None:
-        res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
+    res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
     best = None
     for bn, bk, warps, stages, split in CONFIGS:
         if split > 1 and k // split < bk:
@@ -97,8 +96,7 @@ def main() -> None:
             r = sweep(m, n, k)
             results.append(r)
             bw = lambda us: r["gb"] / us * 1e6  # noqa: E731  GB/s
-            dflt = (f"default {r['default_us']:7.2f} us ({bw(r['default_us']):5.0f} GB/s)"
-                    if "default_us" in r else "default cuBLAS")
+            dflt = f"default {r['default_us']:7.2f} us ({bw(r['default_us']):5.0f} GB/s)"
             print(f"rows {m:2} N {n:6} K {k:5}: cuBLAS {r['cublas_us']:7.2f} us "
                   f"({bw(r['cublas_us']):5.0f} GB/s)  {dflt}  best {r['best_us']:7.2f} us "
                   f"({bw(r['best_us']):5.0f} GB/s) {r['best']}", flush=True)

@@ -26,7 +26,8 @@ from mtpserve.kernels.pdl import pdl_wait
 MAX_ROWS = 16
 # bytes of its weight slab each program prefetches into L2 before it waits for the previous
 # kernel (PDL launches only; kernels/pdl.py); 0: none. Off: on the H200 (BENCHMARKS.md) 32 KiB
-# gained 0.02 ms per step at SmolLM2-135M and lost 0.04 ms at Qwen3-1.7B (batch 1)
+# gained 0.02 ms per step at SmolLM2-135M and 0.01-0.03 ms at Qwen3-8B, and lost 0.03-0.04 ms at
+# Qwen3-1.7B (batch 1)
 PREFETCH_BYTES = 0
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
@@ -34,17 +35,15 @@ ENABLED = True
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight^T`` should take :func:`gemv`: CUDA, 16-bit weights, 2-D ``x`` of at
-    most MAX_ROWS rows, and a weight shape where it beats cuBLAS (see :func:`tile_config`)."""
+    most MAX_ROWS rows (every weight shape swept beats cuBLAS, see :func:`tile_config`)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.shape[0] <= MAX_ROWS
             and weight.dtype in (torch.bfloat16, torch.float16) and x.dtype == weight.dtype
-            and weight.stride(-1) == 1
-            and tile_config(*weight.shape) is not None)
+            and weight.stride(-1) == 1)
 
 
 @functools.cache
-def tile_config(n: int, k: int) -> dict | None:
-    """Tile sizes and split-K factor for an [n, k] weight (None: cuBLAS is faster; no such shape
-    is known now, the hook stays for new ones).
+def tile_config(n: int, k: int) -> dict:
+    """Tile sizes and split-K factor for an [n, k] weight.
 
     From the sweep of benchmarks/gpu_gemv.py on the H200 with weights read from HBM
     (BENCHMARKS.md): wide outputs take wider tiles; few outputs over a reduction of 2048 or more
@@ -145,7 +144,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     M = x.shape[0]
     N, K = weight.shape
     if block_n is None:
-        cfg = tile_config(N, K) or dict(block_n=16, block_k=256, num_warps=4, stages=4, split_k=1)
+        cfg = tile_config(N, K)
         block_n, block_k, num_warps, stages, split_k = (
             cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"])
     if M > MAX_ROWS:
