@@ -114,20 +114,23 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3) -> dict:
 
 
 def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value) -> dict:
-    """Batch-1 decode and forward times with ``module.attr = value`` (graphs recaptured, then
-    the setting and the graphs restored). Keys of the result start with ``label``."""
+    """Batch-1 decode and forward times and batch-64 tokens/s with ``module.attr = value``
+    (graphs recaptured, then the setting and the graphs restored). Keys of the result start
+    with ``label``."""
     old = getattr(module, attr)
     setattr(module, attr, value)
     try:
         eng.runner.capture_cuda_graphs()
         step1, _ = decode_run(eng, 1, 128)
         fwd = forward_times(eng)
+        _, tps64 = decode_run(eng, 64, 64)
     finally:
         setattr(module, attr, old)
         eng.runner.capture_cuda_graphs()
     print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
-          f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}")
-    return {f"{label}_forward1_ms": fwd[1] * 1e3, f"{label}_b1_ms": step1 * 1e3}
+          f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}, b64 {tps64:.0f} tok/s")
+    return {f"{label}_forward1_ms": fwd[1] * 1e3, f"{label}_b1_ms": step1 * 1e3,
+            f"{label}_b64_tok_s": tps64}
 
 
 def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
@@ -136,7 +139,7 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "prefetch": (gemv_triton, "PREFETCH_BYTES", 32768),
-                "merge_in_kernel": (paged_attention_triton, "MERGE_IN_KERNEL", True)}
+                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
@@ -161,10 +164,11 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--mtp", action="store_true", help="hybrid shapes: also a step with MTP")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "prefetch", "merge_in_kernel"],
-                    help="also time batch-1 decode with every product on cuBLAS, without PDL, "
-                         "with a 32 KiB weight prefetch per gemv program, with the attention "
-                         "merge in the attention kernel")
+                    choices=["cublas", "no_pdl", "prefetch", "no_self_merge"],
+                    help="also time batch-1 decode and batch-64 tok/s with every product on "
+                         "cuBLAS, without PDL, with a 32 KiB weight prefetch per gemv program, "
+                         "with attention partitions always in parallel programs and a merge "
+                         "kernel")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

@@ -35,13 +35,11 @@ def _case(device, hq, hkv, d, dtype, qlens, slens, bs, blocks, seed):
 def check_paged_attention(device: str, hq: int, hkv: int, d: int, dtype: str,
                           big: bool = False) -> dict:
     """Decode, verify and prefill-like tokens over contexts of 1 to 2100 keys (``big``; else 1
-    to 300), at two partition sizes, with the merge inside the kernel and (counters
-    exhausted) by the merge kernel: within 1e-5 (float32) or 1e-2 (bfloat16) of float64; the
-    same bits on a repeat (after a call that left other partials behind); the two merges agree
-    (bit for bit on the CPU); a token's output does not depend on the tokens beside it."""
-    from mtpserve.kernels import arrival
+    to 300), at two partition sizes: within 1e-5 (float32) or 1e-2 (bfloat16) of float64; the
+    same bits on a repeat (after a call that left other partials behind), with every grid
+    (one program per (token, KV head) merging itself, two, one per partition) and for a token
+    alone as in its batch."""
     from mtpserve.kernels.paged_attention import build_torch_metadata, paged_attention_ref
-    from mtpserve.kernels import paged_attention_triton as pat
     from mtpserve.kernels.paged_attention_triton import paged_attention_triton
 
     dt = getattr(torch, dtype)
@@ -54,40 +52,19 @@ def check_paged_attention(device: str, hq: int, hkv: int, d: int, dtype: str,
                               build_torch_metadata(qlens, slens, tables, bs, q.device,
                                                    torch.float64), d ** -0.5)
     tol = 1e-5 if dt == torch.float32 else 1e-2
+
+    def attend(q, rows, kv_len, part, grid=None):
+        return paged_attention_triton(q, k, v, tables, rows, kv_len, d ** -0.5, bs, part, grid)
+
     worst = {}
-    saved_flag, pat.MERGE_IN_KERNEL = pat.MERGE_IN_KERNEL, True
-    try:
-        for part in (64, 256):
-            worst[part] = _check_part(paged_attention_triton, arrival, q, k, v, tables, rows,
-                                      kv_len, d, bs, part, ref, tol, device, dt)
-    finally:
-        pat.MERGE_IN_KERNEL = saved_flag
-    assert int(arrival.counters(q.device).abs().sum()) == 0
-    return worst
-
-
-def _check_part(paged_attention_triton, arrival, q, k, v, tables, rows, kv_len, d, bs, part,
-                ref, tol, device, dt) -> float:
-    """One partition size: the in-kernel merge (after a call on other queries, so partials a
-    too-early read would see differ) against the reference, a repeat, the merge kernel, and a
-    token alone; returns the relative error against the reference."""
-    # a call on other queries first, so partials a merge might read too early differ
-    paged_attention_triton(-q, k, v, tables, rows, kv_len, d ** -0.5, bs, part)
-    out = paged_attention_triton(q, k, v, tables, rows, kv_len, d ** -0.5, bs, part)
-    worst = ((out.double() - ref).norm() / ref.norm()).item()
-    assert worst < tol, (part, worst)
-    again = paged_attention_triton(q, k, v, tables, rows, kv_len, d ** -0.5, bs, part)
-    assert torch.equal(out, again), part
-    saved = arrival.NUM_COUNTERS
-    arrival.NUM_COUNTERS = 0          # forces the separate merge kernel
-    try:
-        two = paged_attention_triton(q, k, v, tables, rows, kv_len, d ** -0.5, bs, part)
-    finally:
-        arrival.NUM_COUNTERS = saved
-    # the two compiled variants may round differently on CUDA (the same bits on the CPU)
-    diff = ((out.double() - two.double()).norm() / two.double().norm()).item()
-    assert diff <= (0.0 if device == "cpu" else 1e-6 if dt == torch.float32 else 2e-3), diff
-    one = paged_attention_triton(q[5:6], k, v, tables, rows[5:6], kv_len[5:6], d ** -0.5,
-                                 bs, part)
-    assert torch.equal(one, out[5:6]), part
+    for part in (64, 256):
+        attend(-q, rows, kv_len, part, 1)   # leaves other partials behind in fresh scratch
+        out = attend(q, rows, kv_len, part)
+        worst[part] = ((out.double() - ref).norm() / ref.norm()).item()
+        assert worst[part] < tol, (part, worst[part])
+        parts = -(-tables.shape[1] * bs // part)
+        for grid in (None, 1, 2, parts):
+            assert torch.equal(attend(q, rows, kv_len, part, grid), out), (part, grid)
+        for grid in (1, parts):   # a token alone: the bits it gets in the batch
+            assert torch.equal(attend(q[5:6], rows[5:6], kv_len[5:6], part, grid), out[5:6])
     return worst
