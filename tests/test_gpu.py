@@ -386,3 +386,33 @@ def test_sparse_moe_block_on_cuda_matches_cpu():
     expert GEMMs) against its PyTorch path on the CPU: float32 within 1e-5, bfloat16 within 2e-2,
     1 / 5 / 37 tokens, built on CUDA and moved there, a CUDA-graph replay, dtype round trips."""
     print(_moe_router_check().check_block("cuda", (torch.float32, torch.bfloat16)))
+
+
+def test_compiling_ahead_compiles_without_running_then_runs():
+    """kernels/compile_ahead.py: inside the context a launch of a new specialization leaves its
+    output untouched and puts one compiled kernel in Triton's cache; after it, the same launch
+    runs that kernel (no further compile) and gives silu(g) * u."""
+    from mtpserve.kernels import compile_ahead, fused_triton
+
+    kernel = fused_triton._silu_mul_kernel
+    x = torch.randn(2, 2 * 777, device="cuda", dtype=torch.bfloat16)   # n = 777: a new BLOCK
+    out = torch.zeros(2, 777, device="cuda", dtype=torch.bfloat16)
+
+    def launch():
+        kernel[(2, 1)](x, out, x.stride(0), out.stride(0), 777, BLOCK=1024, PDL=False)
+
+    cache = lambda: kernel.device_caches[torch.cuda.current_device()][0]
+    before = len(cache()) if torch.cuda.current_device() in kernel.device_caches else 0
+    with compile_ahead.compiling_ahead() as ahead:
+        assert compile_ahead.dry() is ahead
+        launch()
+    assert not compile_ahead.dry()
+    if not ahead:
+        pytest.skip("this Triton has no AsyncCompileMode")
+    torch.cuda.synchronize()
+    assert torch.count_nonzero(out) == 0
+    assert len(cache()) == before + 1
+    launch()
+    assert len(cache()) == before + 1
+    g, u = x[:, :777].float(), x[:, 777:].float()
+    torch.testing.assert_close(out.float(), torch.nn.functional.silu(g) * u, rtol=2e-2, atol=2e-2)

@@ -16,16 +16,45 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.kernels.compile_ahead import compiling_ahead
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
 
 logger = logging.getLogger(__name__)
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640,
          768, 1024)
+
+
+def capture_graphs(keys: list, make_static: Callable, forward: Callable) -> dict:
+    """One CUDA graph of ``forward(make_static(key))`` per key, largest (last) key first, in one
+    shared memory pool: ``{key: (graph, static inputs, static outputs)}``.
+
+    First a dry forward of every key compiles their Triton kernels in parallel
+    (kernels/compile_ahead.py); then each key runs twice eagerly (cuBLAS picks its kernels,
+    lazy buffers are made) before its capture."""
+    statics = {key: make_static(key) for key in reversed(keys)}
+    with compiling_ahead() as ahead:
+        if ahead:
+            for static in statics.values():
+                forward(static)
+    torch.cuda.synchronize()
+    pool = torch.cuda.graph_pool_handle()
+    out = {}
+    for key, static in statics.items():
+        for _ in range(2):
+            forward(static)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            result = forward(static)
+        out[key] = (g, static, result)
+    torch.cuda.synchronize()
+    return out
 
 
 def graph_sizes(limit: int) -> tuple[int, ...]:
@@ -72,17 +101,9 @@ class CudaGraphRunner:
     def capture(self) -> None:
         """Capture every key, largest first, in one shared memory pool."""
         t0 = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
-        for key in reversed(self.keys()):
-            batch = self._static_batch(key)
-            for _ in range(2):  # warm up (Triton compiles, cuBLAS picks kernels) outside capture
-                self._forward(batch)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                hidden, logits = self._forward(batch)
+        for key, (g, batch, (hidden, logits)) in capture_graphs(
+                self.keys(), self._static_batch, self._forward).items():
             self.graphs[key] = _Graph(g, batch, hidden, logits)
-        torch.cuda.synchronize()
         self.costs = self.measure()
         first, last = self.keys()[0], self.keys()[-1]
         logger.info("captured %d CUDA graphs (%d..%d tokens) in %.1f s; replay %.3f ms at %d "

@@ -18,6 +18,7 @@ import torch
 from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
+from mtpserve.kernels.compile_ahead import compiling_ahead
 from mtpserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,10 +38,14 @@ def profile_peak_bytes(runner) -> int:
     seq.block_table = list(range(blocks))
     if runner.state_cache is not None:
         seq.state_slot = runner.state_cache.alloc()
+    sched = SchedulerOutput([ScheduledSeq(seq, n, [])])
+    with compiling_ahead() as ahead:   # a dry forward: the step's Triton kernels compile at once
+        if ahead:
+            runner.execute(runner.prepare(sched)[0])
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    batch, _ = runner.prepare(SchedulerOutput([ScheduledSeq(seq, n, [])]))
+    batch, _ = runner.prepare(sched)
     runner.execute(batch)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before

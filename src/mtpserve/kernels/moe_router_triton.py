@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpserve.kernels import pdl
+from mtpserve.kernels import compile_ahead, pdl
 from mtpserve.kernels.pdl import pdl_wait
 
 # most experts one program holds in registers (Qwen3-Next has 512)
@@ -141,7 +141,9 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
         logits = logits.contiguous()
     out_dtype = out_dtype or logits.dtype
     dev = logits.device
-    ids = torch.empty(T, top_k, dtype=torch.int64, device=dev)
+    # a dry forward (kernels/compile_ahead.py) does not run the kernel: ids stay valid indices
+    ids = (torch.zeros if compile_ahead.dry() else torch.empty)(T, top_k, dtype=torch.int64,
+                                                                device=dev)
     weights = torch.empty(T, top_k, dtype=out_dtype, device=dev)
     gate = torch.empty(T, 1, dtype=out_dtype, device=dev) if shared_gate else None
     if T:

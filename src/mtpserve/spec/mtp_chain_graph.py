@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mtpserve.engine.cuda_graph import graph_sizes
+from mtpserve.engine.cuda_graph import capture_graphs, graph_sizes
 from mtpserve.engine.forward_batch import to_device
 from mtpserve.spec.mtp_chain import ChainInputs, ChainPlan, DraftChain
 
@@ -84,17 +84,10 @@ class ChainGraphs:
     def capture(self) -> None:
         """Capture every key, largest first, in one memory pool of their own."""
         t0 = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
-        for key in reversed(self.keys()):
-            g = self.static(key)
-            for _ in range(2):  # warm up (Triton compiles, cuBLAS picks kernels) outside capture
-                self.forward(g)
-            torch.cuda.synchronize()
-            g.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g.graph, pool=pool):
-                g.drafts = self.forward(g)
+        for key, (graph, g, drafts) in capture_graphs(self.keys(), self.static,
+                                                      self.forward).items():
+            g.graph, g.drafts = graph, drafts
             self.graphs[key] = g
-        torch.cuda.synchronize()
         logger.info("captured %d MTP draft-chain graphs (%d..%d rows, 1..%d steps) in %.1f s",
                     len(self.graphs), self.sizes[0], self.sizes[-1], self.max_steps,
                     time.perf_counter() - t0)
