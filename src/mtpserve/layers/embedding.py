@@ -50,18 +50,27 @@ class ParallelLMHead(VocabParallelEmbedding):
     packed: torch.Tensor | None = None  # see kernels/cpu_linear.py
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if use_gemv(hidden, self.weight):
-            from mtpserve.kernels.gemv_triton import gemv
-
-            logits = gemv(hidden, self.weight, out_dtype=torch.float32)
-        elif hidden.is_cuda and hidden.dtype != torch.float32:
-            # float32 logits straight from the bf16/fp16 product (cuBLAS accumulates in float32):
-            # rounding logits to bf16 (steps of 0.125 near 20) would turn near-ties into ties
-            logits = torch.mm(hidden, self.weight.t(), out_dtype=torch.float32)
-        else:
-            logits = cpu_linear.linear(hidden, self.weight, None, self.packed).float()
+        logits = vocab_logits(hidden, self.weight, self.packed)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, logits)
             logits = torch.cat(parts, dim=-1)
         return logits[:, : self.vocab_size]
+
+
+def vocab_logits(hidden: torch.Tensor, weight: torch.Tensor,
+                 packed: torch.Tensor | None = None) -> torch.Tensor:
+    """``hidden [N, H] @ weight [R, H]^T`` -> float32 logits [N, R] (one rank's rows, or any
+    row subset of an LM head: spec/draft_head.py).
+
+    CUDA 16-bit: the skinny Triton product when it applies, else cuBLAS with float32 output
+    (rounding logits to bf16, steps of 0.125 near 20, would turn near-ties into ties); CPU:
+    ``cpu_linear.linear`` with the MKL-packed copy ``packed`` for several rows.
+    """
+    if use_gemv(hidden, weight):
+        from mtpserve.kernels.gemv_triton import gemv
+
+        return gemv(hidden, weight, out_dtype=torch.float32)
+    if hidden.is_cuda and hidden.dtype != torch.float32:
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+    return cpu_linear.linear(hidden, weight, None, packed).float()
