@@ -81,6 +81,9 @@ class SpeculativeConfig:
     step; ``num_draft_tokens`` is the tokens verified per step (k + 1 for a chain). ``adaptive``:
     each request drafts only as many tokens as its own acceptance makes worthwhile
     (spec/policy.py); off, every request drafts k whenever it can (the test proposers never adapt).
+    ``token_map``: a ``.pt`` / ``.json`` file of "hot" token ids that the MTP draft's LM head is
+    restricted to (FR-Spec, spec/draft_head.py); read and checked at engine start
+    (spec/token_map.py). None: the full vocabulary.
     """
 
     algorithm: str
@@ -90,6 +93,7 @@ class SpeculativeConfig:
     ngram_max: int = 4
     draft_model_path: str | None = None
     adaptive: bool = True
+    token_map: str | None = None
 
     ALGORITHMS = ("ngram", "draft", "nextn", "mtp", "forced_accept", "forced_reject")
 
@@ -110,6 +114,11 @@ class SpeculativeConfig:
         if self.algorithm == "draft" and not self.draft_model_path:
             raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path "
                              "(a model with the same tokenizer, or 'self')")
+        if self.token_map is not None and self.algorithm not in ("nextn", "mtp"):
+            why = " (n-gram drafts have no LM head)" if self.algorithm == "ngram" else ""
+            raise ValueError(f"--speculative-token-map restricts the LM head of MTP drafts: it "
+                             f"needs --speculative-algorithm nextn or mtp, got "
+                             f"{self.algorithm!r}{why}")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-draft-model-path", help="draft model (same tokenizer)")
     g.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=True,
                    help="per request, draft only as many tokens as its acceptance pays for")
+    g.add_argument("--speculative-token-map", metavar="PATH",
+                   help="nextn/mtp: restrict the draft LM head to these token ids (FR-Spec): a "
+                        ".pt file of a 1-D integer tensor or a .json list of ints; lossless, "
+                        "verification uses the full LM head")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -62,7 +66,7 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
             algorithm=a.speculative_algorithm, num_steps=a.speculative_num_steps,
             num_draft_tokens=a.speculative_num_draft_tokens, ngram_min=a.speculative_ngram_min,
             ngram_max=a.speculative_ngram_max, draft_model_path=a.speculative_draft_model_path,
-            adaptive=a.speculative_adaptive)
+            adaptive=a.speculative_adaptive, token_map=a.speculative_token_map)
     kv = None if a.kv_cache_memory is None else int(a.kv_cache_memory * 2**30)
     return EngineConfig(
         model=a.model or a.model_pos, tokenizer=a.tokenizer,
