@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from mtpserve.config import SpeculativeConfig
 from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.policy import DraftLengthPolicy
 from mtpserve.spec.proposer import Proposer
+
+logger = logging.getLogger(__name__)
 
 
 # Extra cost of verifying one more token, in decode steps: decoding is memory-bound, so a few more
@@ -72,11 +76,12 @@ def _num_params(model) -> int:
 
 
 def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
-    """The MTP proposer over the target's own ``mtp`` module (its own KV cache).
+    """The MTP proposer over the target's own ``mtp`` module (its own KV cache), drafting
+    through the FR-Spec head over ``spec.token_map``'s tokens when one is given.
 
     Raises:
         ValueError: the model has no MTP layers, or its checkpoint lacks the ``mtp.*`` tensors
-            (the message names them).
+            (the message names them); a bad token map (spec/token_map.py, spec/draft_head.py).
     """
     from mtpserve.engine.model_runner import ModelRunner
     from mtpserve.spec.mtp import MTPProposer
@@ -91,11 +96,28 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
         raise ValueError(f"--speculative-algorithm {spec.algorithm} needs a model with MTP layers "
                          f"(Qwen3-Next / Qwen3.5 with mtp_num_hidden_layers >= 1); "
                          f"{engine.model_config.model_type} has none")
+    head = _draft_head(spec, engine)
     runner = ModelRunner(engine.config, engine.model_config, None, engine.max_model_len,
                          model=target.mtp, num_blocks=engine.runner.num_blocks)
     layers = engine.model_config.num_hidden_layers
     return MTPProposer(spec.num_steps, target, runner, engine.eos_token_ids,
-                       _policy(spec, engine, 2.0 / layers))
+                       _policy(spec, engine, 2.0 / layers), head=head)
+
+
+def _draft_head(spec: SpeculativeConfig, engine):
+    """The MTP drafts' LM head: the FR-Spec head over ``spec.token_map``, else the target's."""
+    from mtpserve.spec.draft_head import build_draft_head
+    from mtpserve.spec.token_map import load_token_map
+
+    ids = None
+    if spec.token_map is not None:
+        ids = load_token_map(spec.token_map, engine.model_config.vocab_size)
+    head = build_draft_head(engine.runner.model, ids)
+    if ids is not None:
+        logger.info("FR-Spec draft head: %d of %d tokens from %s (+%.1f MiB)", ids.numel(),
+                    engine.model_config.vocab_size, spec.token_map,
+                    head.weight.numel() * head.weight.element_size() / 2**20)
+    return head
 
 
 def target_kv_share(spec: SpeculativeConfig | None, num_attention_layers: int) -> float:

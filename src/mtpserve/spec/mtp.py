@@ -17,6 +17,9 @@ target's real hidden states. The MTP therefore never needs its own rollback.
 When every drafting sequence is greedy, all drafts of a step come from one host-side layout and
 (on CUDA) one graph replay (mtp_chain.py, mtp_chain_graph.py); sampling drafts, which need the
 host between steps, go step by step (``_draft_loop``, the chain's reference in the tests).
+Both end each step in the draft head (spec/draft_head.py): the target's LM head, or with
+``--speculative-token-map`` FR-Spec's head over the map's tokens (drafts only from the map;
+sampled drafts' q zero outside it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec.draft_head import FullVocabHead
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.proposer import Proposer
@@ -52,18 +56,20 @@ class MTPProposer(Proposer):
 
     Args:
         num_steps: k; target: the target model (its ``mtp``, ``compute_logits``);
-        eos_token_ids: for the min_tokens ban while drafting; policy: the draft-length policy.
+        eos_token_ids: for the min_tokens ban while drafting; policy: the draft-length policy;
+        head: the draft LM head (spec/draft_head.py; None: the target's full head).
     """
 
     def __init__(self, num_steps: int, target, runner: ModelRunner,
-                 eos_token_ids: tuple[int, ...], policy=None):
+                 eos_token_ids: tuple[int, ...], policy=None, head=None):
         super().__init__(num_steps, policy)
         self.target, self.mtp, self.runner = target, target.mtp, runner
+        self.head = head if head is not None else FullVocabHead(target)
         self.bm = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=False)
         self.sampler = Sampler(target.config.vocab_size, seed=DRAFT_SEED_OFFSET)
         self.eos = eos_token_ids
         self.states: dict[str, _MTPState] = {}
-        self.chain = DraftChain(target, runner)
+        self.chain = DraftChain(target, runner, self.head)
         self.use_chain = True   # greedy batches draft through self.chain (off: the step loop)
 
     # ---- after each target step: extend the MTP's cache with the real hidden states -------
@@ -141,13 +147,12 @@ class MTPProposer(Proposer):
         hidden = torch.stack([st.last_hidden for _, _, st in active])
         on_device = []   # greedy: each step's draft tokens [n] stay on the device until the end
         while active:
-            logits = self.target.compute_logits(hidden)
             if greedy:   # argmax without a host round trip; the next step reads it on the device
-                ids = logits.argmax(-1)
+                ids = self.head.greedy(hidden)
                 on_device.append(ids)
                 tokens = [0] * len(active)   # placeholders, filled in below
             else:
-                ids, (tokens, q) = None, self._sample(active, logits)
+                ids, (tokens, q) = None, self._sample(active, self.head.logits(hidden))
             still, rows = [], []
             for i, (seq, budget, st) in enumerate(active):
                 seq.draft_token_ids = seq.draft_token_ids + [tokens[i]]

@@ -10,6 +10,8 @@ out up front and runs on the device without a round trip:
     y_s = mtp(ids_s, y_{s-1}) at position L - 2 + s       for s = 1 .. m - 1
     ids_{s+1} = argmax(lm_head(y_s))
 
+(``lm_head``: the draft head, spec/draft_head.py: the target's, or FR-Spec's over a token map.)
+
 (L = the sequence's tokens, m = the most drafts any row asks for). Every row runs all m steps;
 a row with budget b < m keeps its first b drafts. Its steps s >= b are dead: they write K/V to
 the runner's pad slot and attend over the keys of its last real step's position, so they touch
@@ -29,6 +31,7 @@ import torch
 
 from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
+from mtpserve.spec.draft_head import FullVocabHead
 
 
 @dataclass
@@ -120,13 +123,15 @@ class ChainInputs:
 
 
 class DraftChain:
-    """Greedy chained drafting with ``target.mtp`` over the KV pool of ``runner``.
+    """Greedy chained drafting with ``target.mtp`` over the KV pool of ``runner``, each step's
+    ids from ``head.greedy`` (a spec/draft_head.py head; default: the target's full LM head).
 
     ``graphs``: a ChainGraphs (mtp_chain_graph.py) once captured on CUDA, else None (eager).
     """
 
-    def __init__(self, target, runner):
+    def __init__(self, target, runner, head=None):
         self.target, self.mtp, self.runner = target, target.mtp, runner
+        self.head = head if head is not None else FullVocabHead(target)
         self.graphs = None
         self._consts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -167,12 +172,12 @@ class DraftChain:
                 steps: int) -> torch.Tensor:
         """The device work: ``hidden`` [P, H] (runner dtype) -> drafts [P, steps] int64
         (``inputs`` None only for steps == 1). No host sync on CUDA (graph-capturable)."""
-        ids = self.target.compute_logits(hidden).argmax(-1)
+        ids = self.head.greedy(hidden)
         out = [ids]
         for s in range(1, steps):
             batch = self.step_batch(inputs, s - 1, ids)
             hidden = self.mtp(ids, hidden, batch, step=s)
-            ids = self.target.compute_logits(hidden).argmax(-1)
+            ids = self.head.greedy(hidden)
             out.append(ids)
         return torch.stack(out, dim=1)
 

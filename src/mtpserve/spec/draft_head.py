@@ -1,0 +1,112 @@
+"""The LM head that MTP drafts go through: the target's own, or one over a token subset (FR-Spec).
+
+An MTP draft step ends in the target's LM head: [vocab, H] weights (~152k x 2048 in bf16, 0.6
+GB for Qwen3-Next) read per draft step, most of the drafting cost on the GPU. FR-Spec (Zhao et
+al. 2025, "FR-Spec: Accelerating Large-Vocabulary Language Models via Frequency-Ranked
+Speculative Sampling", arXiv 2502.14856) drafts over a frequency-ranked subset of the
+vocabulary instead; SGLang calls the subset's file ``--speculative-token-map``.
+
+Lossless either way: verification runs the target's full head (engine/model_runner.py). A
+greedy draft only decides what is proposed. A sampled draft is drawn from the subset head's
+distribution and records exactly that distribution as q (zero outside the subset), so
+speculative sampling (accept with min(1, p(x) / q(x)), else draw from normalize(max(0, p - q));
+spec/verify.py) still emits tokens distributed as p.
+
+Both heads answer ``greedy(hidden)`` and ``logits(hidden)`` with the same shapes; the proposer
+(spec/mtp.py) and the draft chain (spec/mtp_chain.py) call nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mtpserve.kernels import cpu_linear
+from mtpserve.layers.embedding import vocab_logits
+from mtpserve.spec.token_map import check_token_ids
+
+
+class FullVocabHead:
+    """The target's full LM head: MTP drafting without a token map, exactly as the target
+    computes logits.
+
+    Args:
+        target: the target model; ``target.compute_logits(hidden [N, H]) -> [N, vocab]``
+            float32.
+    """
+
+    def __init__(self, target):
+        self.target = target
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` [N, H] (runner dtype) -> float32 logits [N, vocab]."""
+        return self.target.compute_logits(hidden)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` [N, H] -> argmax ids [N] int64 on the device (no host sync)."""
+        return self.logits(hidden).argmax(-1)
+
+
+class ReducedVocabHead:
+    """FR-Spec draft head: the target's LM head restricted to ``V_sub`` token ids.
+
+    At construction the selected rows of ``lm_head.weight`` are copied into a contiguous
+    ``weight`` [V_sub, H] of the target's dtype and device (a tied head, whose weight is the
+    embedding table, is only read), beside ``ids`` [V_sub] int64 on that device, ascending, so
+    ties break to the lowest id as the full head's argmax does. The logits are the same product
+    as the full head's (``layers.embedding.vocab_logits``: float32 output; the Triton skinny
+    product or cuBLAS on CUDA, MKL with a packed copy on a CPU whose full head has one).
+    Nothing reads the host after construction: CUDA-graph capturable, static shapes.
+
+    Tensor parallelism: not supported. Under TP each rank holds a vocabulary slice of the head;
+    the subset would need each rank's local rows, a gather of unequal parts and a map from
+    gathered columns back to ids. The engine runs TP = 1 today, so a head with
+    ``tp_size > 1`` raises instead of drafting wrongly.
+
+    Args:
+        lm_head: the target's ``ParallelLMHead`` (``weight`` [vocab, H], ``vocab_size``,
+            ``tp_size``, ``packed``).
+        token_ids: [V_sub] integer ids, any order, any device (spec/token_map.py reads them).
+
+    Raises:
+        ValueError: ``lm_head.tp_size > 1``; ``token_ids`` not a 1-D integer tensor, empty,
+            with a duplicate or an id outside ``[0, vocab)``.
+    """
+
+    def __init__(self, lm_head, token_ids: torch.Tensor):
+        if getattr(lm_head, "tp_size", 1) > 1:
+            raise ValueError(f"--speculative-token-map is not supported with tensor parallelism "
+                             f"(TP = {lm_head.tp_size}); run TP = 1 or drop the token map")
+        w = lm_head.weight.detach()
+        self.vocab_size = lm_head.vocab_size
+        ids = check_token_ids(token_ids, self.vocab_size)
+        self.ids = ids.sort().values.to(w.device)
+        self.weight = w.index_select(0, self.ids).contiguous()
+        self.packed = None
+        if getattr(lm_head, "packed", None) is not None:   # CPU float32 with MKL packing
+            self.packed = cpu_linear.pack(self.weight)
+
+    def reduced_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` [N, H] (the weight's dtype) -> float32 logits [N, V_sub]; column j is
+        token ``ids[j]``."""
+        return vocab_logits(hidden, self.weight, self.packed)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` [N, H] -> [N] int64 full-vocabulary ids ``ids[argmax]``: the argmax of the
+        full logits with every column outside the subset masked, on the device (no host
+        sync)."""
+        return self.ids.index_select(0, self.reduced_logits(hidden).argmax(-1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` [N, H] -> float32 logits [N, vocab]: the subset's values at their ids,
+        -inf everywhere else (the sampler then gives those tokens probability 0)."""
+        small = self.reduced_logits(hidden)
+        full = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.ids, small)
+
+
+def build_draft_head(target, token_ids: torch.Tensor | None) -> FullVocabHead | ReducedVocabHead:
+    """The draft head of ``target``: its full LM head (``token_ids`` None) or the FR-Spec head
+    over ``token_ids`` [V_sub] (same errors as :class:`ReducedVocabHead`)."""
+    if token_ids is None:
+        return FullVocabHead(target)
+    return ReducedVocabHead(target.lm_head, token_ids)
