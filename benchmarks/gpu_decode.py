@@ -4,9 +4,12 @@ For each shape: engine start-up time (weights generated on the device, KV sizing
 capture); the decode step time at batch 1 (median over steps after the prefill, prompt of 128
 tokens, whole engine step: schedule, graph replay, sampling); total tok/s with 16 and 64 requests
 decoding together; and the cost of a verify step of 1 + k tokens relative to a decode step
-(graph replay of the forward alone, k = 3).
+(graph replay of the forward alone, k = 3). With ``--mtp``, hybrid shapes also time a step with
+MTP drafting; ``--token-map-size N`` adds one whose drafts use the FR-Spec head over the first N
+token ids (``--speculative-token-map``, spec/draft_head.py).
 
     python benchmarks/gpu_decode.py [--shapes smollm2-135m qwen3-1.7b qwen3-8b] [--json out.json]
+    python benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -89,18 +94,20 @@ def forward_times(eng: LLMEngine, k: int = 3) -> dict[int, float]:
 HYBRID = ("qwen3-next-3b",)
 
 
-def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3) -> dict:
+def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
+             token_map: str | None = None, label: str = "mtp") -> dict:
     """Batch-1 engine step with MTP drafting (k steps, adaptive off: every step drafts k and
     verifies 1 + k) against the plain decode step; random weights accept ~nothing, so this is
-    the cost side of speculation."""
-    spec = SpeculativeConfig(algorithm="nextn", num_steps=k, adaptive=False)
+    the cost side of speculation. ``token_map``: drafts through the FR-Spec head over its ids.
+    Keys of the result start with ``label``."""
+    spec = SpeculativeConfig(algorithm="nextn", num_steps=k, adaptive=False, token_map=token_map)
     eng, ready = build(shape, eager, spec)
     eng.warmup()
     step, _ = decode_run(eng, 1, 128)
     _, tps16 = decode_run(eng, 16, 64)
     m = eng.spec_metrics
     fwd = forward_times(eng, k)
-    print(f"{shape:16} nextn k={k}: ready {ready:.1f} s, b1 step {step * 1e3:.3f} ms "
+    print(f"{shape:16} {label} k={k}: ready {ready:.1f} s, b1 step {step * 1e3:.3f} ms "
           f"= {step / plain_step:.2f}x decode, b16 {tps16:.0f} tok/s, target forward 1+{k} "
           f"{fwd[1 + k] * 1e3:.3f} ms vs 1 {fwd[1] * 1e3:.3f} ms, acceptance length "
           f"{m.acceptance_length or 0:.2f}")
@@ -108,9 +115,23 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3) -> dict:
     eng.runner.graphs = None
     del eng
     torch.cuda.empty_cache()
-    return dict(mtp_ready_s=ready, mtp_step_ms=step * 1e3, mtp_step_over_decode=step / plain_step,
-                mtp_b16_tok_s=tps16, mtp_forward1_ms=fwd[1] * 1e3,
-                mtp_forward_verify_ms=fwd[1 + k] * 1e3, mtp_acceptance_length=m.acceptance_length)
+    out = dict(ready_s=ready, step_ms=step * 1e3, step_over_decode=step / plain_step,
+               b16_tok_s=tps16, forward1_ms=fwd[1] * 1e3, forward_verify_ms=fwd[1 + k] * 1e3,
+               acceptance_length=m.acceptance_length)
+    return {f"{label}_{key}": v for key, v in out.items()}
+
+
+def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None) -> dict:
+    """``mtp_step`` keys ``mtp_*``; with ``map_size`` also ``mtp_fr_*``: the same step with the
+    FR-Spec draft head over ids 0..map_size-1 (a JSON token map in a temporary file)."""
+    rows = mtp_step(shape, eager, plain_step)
+    if map_size:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "token_map.json"
+            path.write_text(json.dumps(list(range(map_size))))
+            rows.update(mtp_step(shape, eager, plain_step, token_map=str(path),
+                                 label="mtp_fr"))
+    return rows
 
 
 def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value) -> dict:
@@ -163,6 +184,10 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-1.7b", "qwen3-8b"])
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--mtp", action="store_true", help="hybrid shapes: also a step with MTP")
+    ap.add_argument("--token-map-size", type=int, metavar="N",
+                    help="with --mtp: also a step whose MTP drafts use the FR-Spec head over "
+                         "token ids 0..N-1 (BPE vocabularies are ordered roughly by merge "
+                         "frequency, so low ids are the frequent tokens); keys mtp_fr_*")
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "prefetch", "no_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
@@ -173,6 +198,8 @@ def main() -> None:
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.token_map_size is not None and (a.token_map_size < 1 or not a.mtp):
+        ap.error("--token-map-size needs N >= 1 and --mtp")
     rows = {}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, "
           f"{'eager' if a.eager else 'CUDA graphs'}")
@@ -200,7 +227,7 @@ def main() -> None:
         del eng
         torch.cuda.empty_cache()
         if a.mtp and shape in HYBRID:
-            rows[shape].update(mtp_step(shape, a.eager, step1))
+            rows[shape].update(mtp_steps(shape, a.eager, step1, a.token_map_size))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
