@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from mtpserve.config import EngineConfig, ModelConfig, SpeculativeConfig
@@ -35,6 +36,14 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """``one_thread`` for a whole test module: ``pytestmark =
+    pytest.mark.usefixtures("one_thread_module")`` after importing this fixture."""
+    with one_thread():
+        yield
 
 
 def tiny_hybrid_hf(model_type: str, seed: int = 0, **overrides):

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from harness_hybrid import one_thread
+from harness_hybrid import one_thread_module  # noqa: F401 (a fixture)
 from harness_mtp_chain import mtp_llm
 from hybrid_checkpoint import random_mtp_checkpoint
 from mtpserve import LLM, SamplingParams
@@ -23,11 +23,7 @@ GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
 KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
 HOT = torch.randperm(256, generator=torch.Generator().manual_seed(1))[:100]   # of 256, unsorted
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="module")
