@@ -22,9 +22,8 @@ SUBSET = [150, 3, 77, 31, 199, 0, 64, 12, 101, 5, 188, 40]   # unsorted on purpo
 
 
 def lm_head(packed: bool = False, seed: int = 0) -> ParallelLMHead:
-    torch.manual_seed(seed)
     head = ParallelLMHead(V, H)
-    head.weight.data.normal_()
+    head.weight.data.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(seed)))
     if packed:
         head.packed = cpu_linear.pack(head.weight)
     return head
@@ -80,9 +79,8 @@ def test_full_logits_are_minus_inf_exactly_outside_the_subset(packed):
 
 
 def test_weight_is_a_contiguous_copy_of_the_rows_tied_embedding_untouched():
-    torch.manual_seed(4)
     embed = VocabParallelEmbedding(V, H)
-    embed.weight.data.normal_()
+    embed.weight.data.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(4)))
     lm = ParallelLMHead(V, H)
     lm.weight = embed.weight                      # tie_word_embeddings, as models do
     before = embed.weight.detach().clone()
@@ -99,7 +97,8 @@ def test_bfloat16_weight_keeps_its_dtype_and_logits_are_float32():
     lm = lm_head().to(torch.bfloat16)
     head = ReducedVocabHead(lm, torch.tensor(SUBSET))
     assert head.weight.dtype == torch.bfloat16
-    assert head.logits(torch.randn(2, H, dtype=torch.bfloat16)).dtype == torch.float32
+    hidden = torch.randn(2, H, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    assert head.logits(hidden).dtype == torch.float32
 
 
 def test_tensor_parallel_head_is_refused():
@@ -112,7 +111,7 @@ def test_no_token_map_means_the_targets_own_head():
     lm = lm_head()
     target = SimpleNamespace(lm_head=lm, compute_logits=lm)
     head = build_draft_head(target, None)
-    hidden = torch.randn(3, H)
+    hidden = torch.randn(3, H, generator=torch.Generator().manual_seed(5))
     assert isinstance(head, FullVocabHead)
     assert torch.equal(head.logits(hidden), lm(hidden))
     assert torch.equal(head.greedy(hidden), lm(hidden).argmax(-1))
