@@ -119,18 +119,24 @@ def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dma
 def _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr, base, parts, P_PAD: tl.constexpr, D: tl.constexpr,
                 D_PAD: tl.constexpr):
     """Merge the first ``parts`` partial softmaxes at rows ``base ..`` into one head's output
-    (read from L2, where the partial kernel's programs or this program's threads stored them)."""
+    (read from L2, where the partial kernel's programs or this program's threads stored them).
+    The sums run partition after partition in a fixed order, not as a tree whose shape the
+    compiler picks, so the merge kernel and a self-merging partial program give the same bits."""
     p = tl.arange(0, P_PAD)
     d = tl.arange(0, D_PAD)
-    pmask = p < parts
-    m = tl.load(m_ptr + base + p, mask=pmask, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(l_ptr + base + p, mask=pmask, other=0.0, cache_modifier=".cg")
-    m_max = tl.max(m, axis=0)
-    w = tl.where(l > 0, tl.exp(m - m_max), 0.0)
-    acc = tl.load(acc_ptr + (base + p)[:, None] * D_PAD + d[None, :], mask=pmask[:, None],
-                  other=0.0, cache_modifier=".cg")
-    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(o_ptr + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+    m_max = tl.max(tl.load(m_ptr + base + p, mask=p < parts, other=float("-inf"),
+                           cache_modifier=".cg"), axis=0)   # a max is exact in any order
+    o = tl.zeros([D_PAD], tl.float32)
+    den = 0.0
+    for j in tl.static_range(P_PAD):   # masked, not branched: the loads can all be in flight
+        live = j < parts
+        w = tl.exp(tl.load(m_ptr + base + j, mask=live, other=float("-inf"),
+                           cache_modifier=".cg") - m_max)
+        den += tl.load(l_ptr + base + j, mask=live, other=0.0, cache_modifier=".cg") * w
+        # [D_PAD] mask: the interpreter takes no scalar mask for a vector load
+        o += tl.load(acc_ptr + (base + j) * D_PAD + d, mask=d * 0 + j < parts, other=0.0,
+                     cache_modifier=".cg") * w
+    tl.store(o_ptr + d, (o / den).to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit
