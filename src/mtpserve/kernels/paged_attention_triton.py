@@ -75,7 +75,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     if SELF_MERGE:   # this program ran every partition of its (token, KV head): merge here
         if live > 1:
             tl.debug_barrier()   # the block's partial stores are visible to all its threads
-            for j in tl.static_range(G):
+            for j in range(G):   # not unrolled: each merge unrolls its partitions already
                 _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + j) * so_h,
                             (t * tl.num_programs(1) * G + h * G + j) * num_parts, live,
                             P_PAD, D, D_PAD)

@@ -120,6 +120,20 @@ def _draft_head(spec: SpeculativeConfig, engine):
     return head
 
 
+def draft_head_bytes(runner) -> int:
+    """Bytes the FR-Spec draft head (spec/draft_head.py) will take once the proposer is built,
+    after the KV cache is sized: rows of the token map x hidden size x the runner's dtype; 0
+    without a token map. Raises ValueError for a bad map (spec/token_map.py)."""
+    spec = runner.config.speculative
+    if spec is None or spec.token_map is None:
+        return 0
+    from mtpserve.spec.token_map import load_token_map
+
+    mc = runner.model_config
+    ids = load_token_map(spec.token_map, mc.vocab_size)
+    return ids.numel() * mc.hidden_size * runner.dtype.itemsize
+
+
 def target_kv_share(spec: SpeculativeConfig | None, num_attention_layers: int) -> float:
     """Fraction of the GPU's KV budget the target takes; the proposer's own KV cache (same
     number of blocks) gets the rest: MTP has one attention layer, a self-drafting proposer as
