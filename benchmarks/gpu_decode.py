@@ -15,6 +15,7 @@ token ids (``--speculative-token-map``, spec/draft_head.py).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
@@ -114,6 +115,7 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
     eng.proposer = None
     eng.runner.graphs = None
     del eng
+    gc.collect()
     torch.cuda.empty_cache()
     out = dict(ready_s=ready, step_ms=step * 1e3, step_over_decode=step / plain_step,
                b16_tok_s=tps16, forward1_ms=fwd[1] * 1e3, forward_verify_ms=fwd[1 + k] * 1e3,
@@ -225,6 +227,7 @@ def main() -> None:
             rows[shape].update(compare_kernels(eng, shape, a.compare))
         eng.runner.graphs = None
         del eng
+        gc.collect()   # engines hold reference cycles: free their memory before the next
         torch.cuda.empty_cache()
         if a.mtp and shape in HYBRID:
             rows[shape].update(mtp_steps(shape, a.eager, step1, a.token_map_size))
