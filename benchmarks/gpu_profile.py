@@ -102,7 +102,7 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
-    p = SamplingParams(max_tokens=steps + 20, temperature=0.0, ignore_eos=True)
+    p = SamplingParams(max_tokens=2 * steps + 20, temperature=0.0, ignore_eos=True)
     for i in range(n_req):
         eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
     while eng.scheduler.waiting or any(x.in_prefill for x in eng.scheduler.running):
@@ -121,11 +121,26 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     with open(path, "w") as f:
         f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=50,
                                           max_name_column_width=90))
+    host = _phase_ms(eng, steps)
     eng.proposer = None
     eng.runner.graphs = None
     return (f"{shape} b{n_req}{' nextn k=3' if spec else ''}: {wall * 1e3:.3f} ms/step wall "
             f"(profiled), device busy {busy / 1e3:.3f} ms/step, "
-            f"{len(kernels) / steps:.0f} kernels/step")
+            f"{len(kernels) / steps:.0f} kernels/step; cProfile ms/step: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in host.items()))
+
+
+def _phase_ms(eng, steps: int) -> dict[str, float]:
+    """Cumulative cProfile milliseconds per engine step of each of ``PHASES`` over ``steps``
+    more steps (those that ran)."""
+    pr = cProfile.Profile()
+    for _ in range(steps):
+        pr.enable()
+        eng.step()
+        pr.disable()
+    stats = pstats.Stats(pr).stats
+    return {name: ct / steps * 1e3 for (f, _, name), (_, _, _, ct, _) in stats.items()
+            if name in PHASES and "mtpserve" in f}
 
 
 PHASES = ("step", "propose", "draft", "schedule", "prepare", "execute", "_verify", "_sample",
@@ -157,9 +172,8 @@ def spec_host(conc: int, max_tokens: int = 96) -> None:
             pr.disable()
             n += 1
         wall = (time.perf_counter() - t) / n
-        stats = pstats.Stats(pr).stats
-        parts = {name: ct / n * 1e3 for (f, _, name), (_, _, _, ct, _) in stats.items()
-                 if name in PHASES and "mtpserve" in f}
+        parts = {name: ct / n * 1e3 for (f, _, name), (_, _, _, ct, _)
+                 in pstats.Stats(pr).stats.items() if name in PHASES and "mtpserve" in f}
         print(f"{algo or 'off':6} c={conc}: {n} steps, {wall * 1e3:.3f} ms/step wall; "
               + ", ".join(f"{k} {parts[k]:.3f}" for k in PHASES if k in parts), flush=True)
         del llm, eng
