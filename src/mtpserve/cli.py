@@ -1,4 +1,4 @@
-"""``mtpserve`` command line: serve | generate | wait-ready | bench."""
+"""``mtpserve`` command line: serve | generate | wait-ready | bench | token-map."""
 
 from __future__ import annotations
 
@@ -49,6 +49,25 @@ def _bench_parser(sub) -> None:
     add_bench_parser(sub)
 
 
+def _token_map_parser(sub) -> None:
+    from mtpserve.spec.token_map_build import DESCRIPTION
+
+    p = sub.add_parser("token-map", help="write a --speculative-token-map file (FR-Spec)",
+                       description=DESCRIPTION)
+    p.add_argument("--model", help="HF directory or GGUF file (default: SmolLM2-135M-Instruct "
+                                   "Q4_1 GGUF)")
+    p.add_argument("--tokenizer", help="tokenizer path (default: the model's)")
+    p.add_argument("--size", type=int, required=True, metavar="N",
+                   help="ids in the map, 1..vocabulary size (the end-of-answer ids count among "
+                        "them)")
+    p.add_argument("--output", required=True, metavar="FILE",
+                   help=".json (ascending list of ints) or .pt (1-D int64 tensor, SGLang's format)")
+    p.add_argument("--corpus", action="extend", nargs="+", default=[], metavar="FILE",
+                   help=".txt or .jsonl text like the traffic served (repeatable); without it the "
+                        "map is the first N ids of the vocabulary")
+    p.set_defaults(func=_token_map)
+
+
 def _serve(a: argparse.Namespace) -> int:
     from mtpserve.server.api import run_server
 
@@ -92,6 +111,17 @@ def _wait_ready(a: argparse.Namespace) -> int:
     return wait_ready(a.url, a.timeout, api_key=a.api_key)
 
 
+def _token_map(a: argparse.Namespace) -> int:
+    from mtpserve.spec.token_map_build import make_token_map
+
+    token_map = make_token_map(a.model, a.tokenizer, a.size, a.output, a.corpus)
+    if not a.corpus:
+        print("mtpserve token-map: no --corpus, so the map is the first ids of the vocabulary; "
+              "a corpus like the traffic you serve gives a better map", file=sys.stderr)
+    print(token_map.summary(a.output))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mtpserve`` console script; returns the exit code."""
     parser = argparse.ArgumentParser(prog="mtpserve", description=__doc__)
@@ -100,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     _generate_parser(sub)
     _wait_ready_parser(sub)
     _bench_parser(sub)
+    _token_map_parser(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=getattr(a, "log_level", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
