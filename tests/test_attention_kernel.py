@@ -26,3 +26,21 @@ def test_paged_attention_under_triton_interpreter():
     and for a token alone as in its batch."""
     worst = json.loads(run_interpreted(_CODE))
     assert set(worst) == {"64", "256"} and all(0 < e < 1e-5 for e in worst.values()), worst
+
+
+_EMPTY = """
+import json, torch
+from mtpserve.kernels.paged_attention_triton import paged_attention_triton
+k = torch.randn(32, 2, 16)
+tables = torch.zeros(1, 2, dtype=torch.int32)
+none = torch.zeros(0, dtype=torch.int32)
+shapes = [list(paged_attention_triton(torch.zeros(0, 4, 16), k, k, tables, none, none, 0.25, 16,
+                                      16, grid).shape) for grid in (None, 1, 2)]
+print("RESULT", json.dumps(shapes))
+"""
+
+
+def test_paged_attention_of_no_tokens():
+    """No query tokens (no (token, KV head) pair to size the grid by): an empty [0, Hq, D] output
+    with the default grid as with a given one, not a division by zero."""
+    assert json.loads(run_interpreted(_EMPTY)) == [[0, 4, 16]] * 3

@@ -212,7 +212,7 @@ def _grid_parts(device: torch.device, pairs: int) -> int:
     sms = _sm_count(device)
     if pairs >= SELF_MERGE_PROGRAMS_PER_SM * sms:
         return 1
-    return -(-PROGRAMS_PER_SM * sms // pairs)
+    return -(-PROGRAMS_PER_SM * sms // max(pairs, 1))   # no tokens: an empty grid anyway
 
 
 @functools.cache
