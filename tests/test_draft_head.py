@@ -200,6 +200,14 @@ def test_flag_parses_into_the_config():
     assert engine_config_from_args(a).speculative.token_map is None
 
 
+def test_cli_rejects_the_flag_without_an_algorithm(capsys):
+    rc = main(["generate", "--prompt", "x", "--speculative-token-map", "hot.json"])
+    assert rc == 2
+    assert capsys.readouterr().err == ("mtpserve generate: --speculative-token-map needs "
+                                       "--speculative-algorithm nextn (or mtp): the map "
+                                       "restricts the MTP drafts' LM head\n")
+
+
 def test_cli_rejects_the_flag_with_ngram_before_loading_anything(capsys):
     rc = main(["generate", "--prompt", "x", "--speculative-algorithm", "ngram",
                "--speculative-token-map", "hot.json"])

@@ -128,8 +128,10 @@ def test_errors_exit_2(model_dir, tmp_path, capsys, args, lines, message):
 @pytest.mark.parametrize("output, message", [
     ("map.txt", "the name must end in .json (a list of ints) or .pt"),
     ("no/such/map.json", "no such folder"),
+    ("folder.json", "is a folder; give a file name"),
 ])
 def test_bad_output_exit_2(model_dir, tmp_path, capsys, output, message):
+    (tmp_path / "folder.json").mkdir()
     assert run(model_dir, "--size", 4, "--output", tmp_path / output) == 2
     err = capsys.readouterr().err
     assert err.startswith("mtpserve token-map: ") and message in err

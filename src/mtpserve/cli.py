@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return a.func(a)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:   # bad input, a missing or unwritable file
         print(f"mtpserve {a.command}: {e}", file=sys.stderr)
         return 2
 

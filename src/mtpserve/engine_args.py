@@ -61,6 +61,9 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     if a.model and a.model_pos and a.model != a.model_pos:
         raise ValueError(f"two models given: {a.model_pos!r} and --model {a.model!r}")
     spec = None
+    if a.speculative_token_map and not a.speculative_algorithm:
+        raise ValueError("--speculative-token-map needs --speculative-algorithm nextn (or mtp): "
+                         "the map restricts the MTP drafts' LM head")
     if a.speculative_algorithm:
         spec = SpeculativeConfig(
             algorithm=a.speculative_algorithm, num_steps=a.speculative_num_steps,

@@ -63,6 +63,7 @@ def check_paths(corpus: Iterable[str], output: str) -> None:
     Raises:
         ValueError: ``output`` not ``.json`` / ``.pt``, or a corpus file not ``.txt`` / ``.jsonl``.
         FileNotFoundError: a corpus file, or the folder of ``output``, does not exist.
+        ValueError: ``output`` names an existing folder.
     """
     out = Path(output)
     if out.suffix.lower() not in OUTPUT_SUFFIXES:
@@ -70,6 +71,8 @@ def check_paths(corpus: Iterable[str], output: str) -> None:
                          f"(a 1-D int64 tensor)")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--output {output}: no such folder: {out.parent}")
+    if out.is_dir():
+        raise ValueError(f"--output {output}: is a folder; give a file name")
     for path in corpus:
         if not Path(path).is_file():
             raise FileNotFoundError(f"--corpus: no such file: {path}")
