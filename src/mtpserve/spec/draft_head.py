@@ -91,14 +91,20 @@ class ReducedVocabHead:
         return vocab_logits(hidden, self.weight, self.packed)
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` [N, H] -> [N] int64 full-vocabulary ids ``ids[argmax]``: the argmax of the
-        full logits with every column outside the subset masked, on the device (no host
-        sync)."""
+        """``hidden`` [N, H] -> [N] int64 full-vocabulary ids ``ids[argmax]``, on the device (no
+        host sync): the argmax of the full logits with every column outside the subset masked,
+        up to rounding (the smaller product may run other kernels or tiles than the full head's,
+        so a near-tie can go the other way; that changes which token is proposed, never the
+        output)."""
         return self.ids.index_select(0, self.reduced_logits(hidden).argmax(-1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` [N, H] -> float32 logits [N, vocab]: the subset's values at their ids,
-        -inf everywhere else (the sampler then gives those tokens probability 0)."""
+        -inf everywhere else (the sampler then gives those tokens probability 0). A row whose
+        subset tokens are all banned (``min_tokens`` with a map of end ids only) has no finite
+        logit left: its q is NaN and the token drawn lies outside the map, which verification
+        always rejects (``q(x) > 0`` fails) before sampling from p: drafts wasted, output
+        exact."""
         small = self.reduced_logits(hidden)
         full = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
         return full.index_copy_(1, self.ids, small)
