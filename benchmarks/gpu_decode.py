@@ -161,7 +161,6 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
-                "prefetch": (gemv_triton, "PREFETCH_BYTES", 32768),
                 "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)}
     out = {}
     for label in which:
@@ -191,11 +190,10 @@ def main() -> None:
                          "token ids 0..N-1 (BPE vocabularies are ordered roughly by merge "
                          "frequency, so low ids are the frequent tokens); keys mtp_fr_*")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "prefetch", "no_self_merge"],
+                    choices=["cublas", "no_pdl", "no_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
-                         "cuBLAS, without PDL, with a 32 KiB weight prefetch per gemv program, "
-                         "with attention partitions always in parallel programs and a merge "
-                         "kernel")
+                         "cuBLAS, without PDL, with attention partitions always in parallel "
+                         "programs and a merge kernel")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

@@ -24,11 +24,6 @@ from mtpserve.kernels.pdl import pdl_wait
 
 # most rows of x this kernel takes; larger products go to cuBLAS
 MAX_ROWS = 16
-# bytes of its weight slab each program prefetches into L2 before it waits for the previous
-# kernel (PDL launches only; kernels/pdl.py); 0: none. Off: on the H200 (BENCHMARKS.md) 32 KiB
-# gained 0.02 ms per step at SmolLM2-135M and 0.01-0.03 ms at Qwen3-8B, and lost 0.03-0.04 ms at
-# Qwen3-1.7B (batch 1)
-PREFETCH_BYTES = 0
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
 
@@ -73,12 +68,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL and PREFETCH > 0:   # the weights need nothing from the previous kernel
-        _prefetch_l2(w_ptr, n, pid_k * K_SPLIT, N, K, sw, PREFETCH)
     pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
@@ -105,28 +98,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
 
 
 @triton.jit
-def _prefetch_l2(w_ptr, n, k0, N, K: tl.constexpr, sw, WIDTH: tl.constexpr):
-    """Prefetch rows ``n`` x columns ``k0 .. k0 + WIDTH`` of a 16-bit weight into L2, one
-    128-byte line per address (PTX ``prefetch.global.L2``), clamped inside the weight."""
-    k = tl.minimum(k0 + tl.arange(0, WIDTH // 64) * 64, K - 1)
-    rows = tl.minimum(n, N - 1).to(tl.int64)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l",
-                              [w_ptr + rows[:, None] * sw + k[None, :]], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + m[:, None] * sy + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-
-
-def _prefetch_width(k_split: int, block_n: int, itemsize: int) -> int:
-    """Columns of its slab a program prefetches: PREFETCH_BYTES worth, a power of two of at
-    least one 128-byte line per row, at most the slab (0: no prefetch)."""
-    cols = min(k_split, PREFETCH_BYTES // (block_n * itemsize))
-    return 0 if cols < 64 else 1 << (cols.bit_length() - 1)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -169,5 +144,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        PREFETCH=_prefetch_width(k_split, block_n, weight.element_size()), **pdl.launch(x))
+        **pdl.launch(x))
     return y
