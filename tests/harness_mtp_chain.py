@@ -39,18 +39,27 @@ def mtp_llm(path, use_chain: bool, k: int, **engine) -> tuple[LLM, list]:
               speculative_adaptive=False, **engine)
     proposer = llm.engine.proposer
     proposer.policy, proposer.use_chain = Budgets(k), use_chain
-    log, draft, chain_draft = [], proposer.draft, proposer.chain.draft
+    log, draft, chain_run = [], proposer.draft, proposer.chain.run
     used = []
 
     def logged(work):
         used.clear()
         draft(work)
-        log.append(([(s.request_id, budget, list(s.draft_token_ids), s.params.greedy)
+        log.append(([(s.request_id, budget, drafts_of(proposer, s), s.params.greedy)
                      for s, budget in work], used[0] if used else 0))
 
-    def chained(hidden, rows):
+    def chained(hidden, rows, steps):
         used.append(len(rows))
-        return chain_draft(hidden, rows)
+        return chain_run(hidden, rows, steps)
 
-    proposer.draft, proposer.chain.draft = logged, chained
+    proposer.draft, proposer.chain.run = logged, chained
     return llm, log
+
+
+def drafts_of(proposer, seq) -> list[int]:
+    """``seq``'s drafts just after ``proposer.draft``: the host list, or, for chain drafts
+    still on the device (spec/pending_drafts.py), their row of the chain's output."""
+    p = proposer.pending
+    if p is None or seq.request_id not in p.rows:
+        return list(seq.draft_token_ids)
+    return p.drafts[p.rows[seq.request_id]].tolist()[:len(seq.draft_token_ids)]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness_hybrid import one_thread_module  # noqa: F401 (a fixture)
-from harness_mtp_chain import mtp_llm
+from harness_mtp_chain import drafts_of, mtp_llm
 from hybrid_checkpoint import random_mtp_checkpoint
 from mtpserve import LLM, SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead, ReducedVocabHead
@@ -90,7 +90,7 @@ def log_drafts(llm: LLM) -> list[tuple[list[int], torch.Tensor | None]]:
 
     def logged(work):
         draft(work)
-        seen.extend((list(s.draft_token_ids), s.draft_probs) for s, _ in work)
+        seen.extend((drafts_of(proposer, s), s.draft_probs) for s, _ in work)
 
     proposer.draft = logged
     return seen

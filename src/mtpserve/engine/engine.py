@@ -150,7 +150,11 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         batch, layout = self.runner.prepare(sched)
+        if self.proposer is not None:   # drafts still on the device go in on the device
+            self.proposer.patch_inputs(batch, sched)
         hidden, logits = self.runner.execute(batch)
+        if self.proposer is not None:   # their host copies, now that the forward is queued
+            self.proposer.resolve_drafts(sched)
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:

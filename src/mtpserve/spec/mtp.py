@@ -15,8 +15,10 @@ states, so the shadow forgets them at once; the next ``observe`` overwrites them
 target's real hidden states. The MTP therefore never needs its own rollback.
 
 When every drafting sequence is greedy, all drafts of a step come from one host-side layout and
-(on CUDA) one graph replay (mtp_chain.py, mtp_chain_graph.py); sampling drafts, which need the
-host between steps, go step by step (``_draft_loop``, the chain's reference in the tests).
+(on CUDA) one graph replay (mtp_chain.py, mtp_chain_graph.py), and stay on the device until the
+verify forward is queued (pending_drafts.py), so the host schedules and prepares while the chain
+runs; sampling drafts, which need the host between steps, go step by step (``_draft_loop``, the
+chain's reference in the tests).
 Both end each step in the draft head (spec/draft_head.py): the target's LM head, or with
 ``--speculative-token-map`` FR-Spec's head over the map's tokens (drafts only from the map;
 sampled drafts' q zero outside it).
@@ -38,6 +40,7 @@ from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
+from mtpserve.spec.pending_drafts import PendingDrafts
 from mtpserve.spec.proposer import Proposer
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -71,6 +74,7 @@ class MTPProposer(Proposer):
         self.states: dict[str, _MTPState] = {}
         self.chain = DraftChain(target, runner, self.head)
         self.use_chain = True   # greedy batches draft through self.chain (off: the step loop)
+        self.pending: PendingDrafts | None = None   # this step's chain drafts, on the device
 
     # ---- after each target step: extend the MTP's cache with the real hidden states -------
     @torch.inference_mode()
@@ -104,6 +108,7 @@ class MTPProposer(Proposer):
     # ---- drafting ------------------------------------------------------------------------------
     @torch.inference_mode()
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        self.pending = None
         active = []
         for seq, budget in work:
             st = self.states.get(seq.request_id)
@@ -122,13 +127,23 @@ class MTPProposer(Proposer):
 
     def _draft_chain(self, active) -> None:
         """Greedy drafts of every active sequence from one layout and (on CUDA) one graph
-        replay (mtp_chain.py)."""
+        replay (mtp_chain.py), left on the device (spec/pending_drafts.py): no host sync."""
         rows = [ChainRow(st.shadow.block_table, seq.num_tokens, budget)
                 for seq, budget, st in active]
         self._allocate_chain(active, rows)
         hidden = torch.stack([st.last_hidden for _, _, st in active])
-        for (seq, _, _), d in zip(active, self.chain.draft(hidden, rows)):
-            seq.draft_token_ids = d
+        drafts = self.chain.run(hidden, rows, max(r.budget for r in rows))
+        self.pending = PendingDrafts(drafts, [seq for seq, _, _ in active],
+                                     [r.budget for r in rows])
+
+    def patch_inputs(self, batch, sched) -> None:
+        if self.pending is not None:
+            self.pending.patch(batch, sched)
+
+    def resolve_drafts(self, sched) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.resolve(sched)
 
     def _allocate_chain(self, active, rows: list[ChainRow]) -> None:
         """Shadow blocks for each row's chained steps, step after step in row order as the loop

@@ -59,6 +59,15 @@ class Proposer(ABC):
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
         """Draft up to ``budget`` tokens for each ``(seq, budget)``."""
 
+    def patch_inputs(self, batch, sched) -> None:
+        """After ``ModelRunner.prepare``: put drafts that are still on the device into
+        ``batch.input_ids`` (their host copies are placeholders; see spec/pending_drafts.py).
+        Nothing for proposers whose drafts are on the host."""
+
+    def resolve_drafts(self, sched) -> None:
+        """After the step's forward is launched, before its drafts are verified: the real ids
+        in place of placeholders (spec/pending_drafts.py). Nothing for host-side proposers."""
+
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """A verify step of ``seq`` accepted ``num_accepted`` of ``num_drafts`` drafts."""
         if self.policy is not None:
