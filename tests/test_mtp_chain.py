@@ -55,13 +55,13 @@ def case(request, random_ckpt):
 
 
 def run_both(path, prompts, **kw):
-    """(chain engine, its log, its token ids), (loop engine log, token ids)."""
+    """(chain engine, its log, its token ids), (loop engine, its log, its token ids)."""
     out = {}
     for use_chain in (True, False):
         llm, log = mtp_llm(path, use_chain, K, **{**KW, **kw})
         ids = [r.outputs[0].token_ids for r in llm.generate(prompts, GREEDY)]
         out[use_chain] = (llm, log, ids)
-    return out[True], out[False][1:]
+    return out[True], out[False]
 
 
 def test_plan_lays_out_real_dead_and_padding_steps():
@@ -78,7 +78,7 @@ def test_plan_lays_out_real_dead_and_padding_steps():
 
 def test_chain_drafts_equal_the_step_loop(case):
     path, prompts, plain = case
-    (llm, chain_log, chain_ids), (loop_log, loop_ids) = run_both(path, prompts)
+    (llm, chain_log, chain_ids), (_, loop_log, loop_ids) = run_both(path, prompts)
     assert chain_ids == loop_ids == plain
     assert [calls for calls, _ in chain_log] == [calls for calls, _ in loop_log]
     assert all(used for _, used in chain_log) and not any(used for _, used in loop_log)
@@ -146,3 +146,28 @@ def test_padded_graph_layout_drafts_equal_the_step_loop(random_ckpt):
     assert any(rows > 4 for _, rows in log)   # and larger batches eagerly
     # steps of 3 drafting rows replayed the 4-row graph (one padding row)
     assert 3 in [rows for _, rows in log]
+
+
+@pytest.mark.parametrize("kw", [dict(max_num_batched_tokens=5),
+                                dict(max_model_len=32, num_kv_blocks=10)],
+                         ids=["drafts-cut-by-the-token-budget", "preemption"])
+def test_drafts_kept_on_the_device_under_cut_drafts_and_preemption(kw):
+    """Chain drafts reach the verify batch from the device (spec/pending_drafts.py) also when
+    the scheduler verifies only a prefix of them, or preempts drafted sequences: on the trained
+    model, chain and loop engines propose the same drafts, accept the same tokens step by step,
+    and both emit plain decoding's tokens."""
+    path, prompts = trained_hybrid_dir(), held_out_prompts(6, 6)
+    plain = [r.outputs[0].token_ids
+             for r in LLM(str(path), **{**KW, **kw}).generate(prompts, GREEDY)]
+    (llm, log, ids), (loop, loop_log, loop_ids) = run_both(path, prompts, **kw)
+    assert ids == plain and loop_ids == plain
+    assert [c for c, _ in log] == [c for c, _ in loop_log]
+    m, lm = llm.engine.spec_metrics, loop.engine.spec_metrics
+    assert (m.num_draft_tokens, m.num_accepted_tokens, list(m.accepted_per_step)) == \
+        (lm.num_draft_tokens, lm.num_accepted_tokens, list(lm.accepted_per_step))
+    assert m.num_accepted_tokens > 0
+    proposed = sum(len(d) for calls, _ in log for _, _, d, _ in calls)
+    if "num_kv_blocks" in kw:
+        assert llm.engine.scheduler.num_preemptions > 0
+    else:   # some drafts were proposed but never scheduled
+        assert proposed > m.num_draft_tokens

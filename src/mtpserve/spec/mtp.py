@@ -107,6 +107,10 @@ class MTPProposer(Proposer):
 
     # ---- drafting ------------------------------------------------------------------------------
     @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], allowed: bool | None = None) -> None:
+        self.pending = None   # a step that drafts nothing must not patch last step's drafts
+        super().propose(seqs, allowed)
+
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
         self.pending = None
         active = []

@@ -136,17 +136,6 @@ class DraftChain:
         self._consts: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @torch.inference_mode()
-    def draft(self, hidden: torch.Tensor, rows: list[ChainRow]) -> list[list[int]]:
-        """Drafts of every row, ``rows[i].budget`` of them, token ids.
-
-        Args:
-            hidden: [B, H] the MTP output at each row's newest valid pair (position L - 2).
-            rows: B rows whose shadow blocks cover their budgets (see :class:`ChainRow`).
-        """
-        steps = max(r.budget for r in rows)
-        drafts = self.run(hidden, rows, steps).tolist()   # the one host sync
-        return [d[:r.budget] for d, r in zip(drafts, rows)]
-
     def run(self, hidden: torch.Tensor, rows: list[ChainRow], steps: int) -> torch.Tensor:
         """[B, steps] int64 drafts on the device: a graph replay when one fits, else eager."""
         B, r = len(rows), self.runner

@@ -24,7 +24,8 @@ class PendingDrafts:
 
     Args:
         drafts: [B, m] int64 on the device (row i: sequence ``seqs[i]``'s drafts; a view of a
-            graph's static output stays valid until that graph's next replay, a later step).
+            chain graph's static output stays valid until a chain graph replays again, in the
+            next step's ``draft``).
         seqs: the B drafted sequences; each one's ``draft_token_ids`` is set here to
             ``budgets[i]`` placeholder zeros.
     """
@@ -34,6 +35,14 @@ class PendingDrafts:
         self.rows = {seq.request_id: i for i, seq in enumerate(seqs)}
         for seq, budget in zip(seqs, budgets):
             seq.draft_token_ids = [0] * budget
+        # on CUDA the host copy starts now, right behind the chain, and :meth:`resolve` waits
+        # for it alone, not for the verify forward queued later
+        self._host, self._ready = drafts, None
+        if drafts.is_cuda:
+            self._host = torch.empty(drafts.shape, dtype=drafts.dtype, pin_memory=True)
+            self._host.copy_(drafts, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
 
     def patch(self, batch: ForwardBatch, sched: SchedulerOutput) -> None:
         """Write the drafts of the scheduled sequences into ``batch.input_ids`` on the device
@@ -54,10 +63,13 @@ class PendingDrafts:
             batch.input_ids.index_copy_(0, idx[:len(dst)], values)
 
     def resolve(self, sched: SchedulerOutput) -> None:
-        """Replace the placeholders of the drafted sequences and of their scheduled drafts with
-        the real ids: one device-to-host copy, which on CUDA waits for the work queued before
-        it (the verify forward too, whose results the engine reads next anyway)."""
-        values = self.drafts.tolist()
+        """Replace the placeholders of the drafted sequences scheduled this step, and of their
+        scheduled drafts, with the real ids (from the copy started at construction: waits for
+        the chain, not for the verify forward). Drafted sequences the step left out keep their
+        placeholders; nothing reads them before the next ``propose`` clears them."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        values = self._host.tolist()
         for s in sched.scheduled:
             row = self.rows.get(s.seq.request_id)
             if row is not None:

@@ -18,7 +18,10 @@ class Proposer(ABC):
     calls :meth:`draft`, which sets ``seq.draft_token_ids`` (up to the budget) and
     ``seq.draft_probs`` ([len(drafts), vocab] float32: the proposal distribution q of a sampling
     proposer, or None for a deterministic one). The engine then verifies every sequence's drafts
-    in one forward pass of the target and reports back through :meth:`record`.
+    in one forward pass of the target and reports back through :meth:`record`. A proposer may
+    leave its drafts on the device (MTP's greedy chain): ``draft_token_ids`` then hold
+    placeholders of the right count until :meth:`resolve_drafts`, and :meth:`patch_inputs`
+    puts the real ids into the verify batch.
     """
 
     # True when skipping a step leaves nothing behind (the proposer reads only the tokens when
