@@ -121,7 +121,14 @@ def test_sampled_drafts_have_q_zero_outside_the_map_and_one_inside(ckpt):
     (None, "--speculative-token-map: no such file: "),
     ([0, 256], "token id 256 is outside the vocabulary [0, 256)"),
 ])
-def test_the_map_is_checked_at_engine_start(ckpt, tmp_path, content, message):
+def test_the_map_is_checked_at_engine_start(ckpt, tmp_path, monkeypatch, content, message):
+    """Before the weights load (a big model's minutes): the model runner is never built."""
+    from mtpserve.engine import engine
+
+    def no_runner(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the map was checked")
+
+    monkeypatch.setattr(engine, "ModelRunner", no_runner)
     path = tmp_path / "m.json"
     if content is not None:
         path.write_text(json.dumps(content))

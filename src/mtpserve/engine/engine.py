@@ -50,6 +50,11 @@ class LLMEngine:
         self.model_config = ModelConfig.from_hf(files.hf_config)
         mc = self.model_config
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        spec = config.speculative
+        if spec is not None and spec.token_map is not None:   # fail before the weights load
+            from mtpserve.spec.token_map import load_token_map
+
+            load_token_map(spec.token_map, mc.vocab_size)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
