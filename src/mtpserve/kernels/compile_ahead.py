@@ -54,18 +54,14 @@ def compiling_ahead(threads: int | None = None):
 
     t0 = time.perf_counter()
     workers = threads or min(16, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool:
-        mode = AsyncCompileMode(pool)
+    with (ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool,
+          AsyncCompileMode(pool) as mode):   # on leaving: waits for every compile it queued
         JITFunction.run, _dry = compile_only, True
         try:
-            with mode:
-                try:
-                    yield True
-                finally:
-                    JITFunction.run, _dry = run, False
-                    queued = len(mode.future_kernels)
+            yield True
         finally:
             JITFunction.run, _dry = run, False
+            queued = len(mode.future_kernels)
     if queued:
         logger.info("compiled %d Triton kernels on %d threads in %.1f s", queued, workers,
                     time.perf_counter() - t0)

@@ -106,13 +106,12 @@ class MTPProposer(Proposer):
             st.last_hidden = y[end - 1]
 
     # ---- drafting ------------------------------------------------------------------------------
-    @torch.inference_mode()
     def propose(self, seqs: list[Sequence], allowed: bool | None = None) -> None:
         self.pending = None   # a step that drafts nothing must not patch last step's drafts
         super().propose(seqs, allowed)
 
+    @torch.inference_mode()
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
-        self.pending = None
         active = []
         for seq, budget in work:
             st = self.states.get(seq.request_id)
