@@ -217,17 +217,12 @@ def test_cli_rejects_the_flag_with_ngram_before_loading_anything(capsys):
 
 
 def test_kv_sizing_reserves_the_draft_heads_bytes(tmp_path):
-    """spec.draft_head_bytes: what memory_profile.gpu_kv_blocks keeps back for the FR-Spec head
-    built after the KV cache is sized: map rows x hidden x dtype bytes; 0 without a map."""
+    """spec.draft_head_bytes: what memory_profile.gpu_kv_blocks keeps back (the runner's
+    ``reserve_bytes``) for the FR-Spec head built after the KV cache is sized: map rows x hidden
+    x dtype bytes; 0 without a map."""
     from mtpserve.spec import draft_head_bytes
 
     (tmp_path / "m.json").write_text(json.dumps([5, 9, 2]))
-    mc = SimpleNamespace(vocab_size=16, hidden_size=24)
-    spec = SpeculativeConfig(algorithm="nextn", num_steps=2, token_map=str(tmp_path / "m.json"))
-    runner = SimpleNamespace(config=SimpleNamespace(speculative=spec), model_config=mc,
-                             dtype=torch.bfloat16)
-    assert draft_head_bytes(runner) == 3 * 24 * 2
-    runner.config.speculative = SpeculativeConfig(algorithm="nextn", num_steps=2)
-    assert draft_head_bytes(runner) == 0
-    runner.config.speculative = None
-    assert draft_head_bytes(runner) == 0
+    ids = load_token_map(str(tmp_path / "m.json"), 16)
+    assert draft_head_bytes(ids, 24, torch.bfloat16) == 3 * 24 * 2
+    assert draft_head_bytes(None, 24, torch.bfloat16) == 0

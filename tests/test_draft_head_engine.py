@@ -71,6 +71,19 @@ def test_greedy_output_with_a_token_map_equals_plain_decoding(ckpt, runs):
     assert isinstance(runs[True, None][2].engine.proposer.head, FullVocabHead)
 
 
+def test_the_map_is_read_once_and_its_head_kept_out_of_the_kv_budget(ckpt, runs):
+    """The engine reads the map before the weights; the runner keeps the head's bytes back
+    (float32 here: 100 ids x hidden x 4) and the proposer's head holds those very ids."""
+    _, hot = ckpt
+    eng = runs[True, hot][2].engine
+    hidden = eng.model_config.hidden_size
+    assert eng.token_map.tolist() == HOT.tolist()
+    assert eng.runner.reserve_bytes == 100 * hidden * 4
+    assert eng.proposer.head.ids.tolist() == sorted(HOT.tolist())
+    plain = runs[True, None][2].engine
+    assert plain.token_map is None and plain.runner.reserve_bytes == 0
+
+
 def test_every_draft_is_inside_the_map_chain_and_loop_alike(ckpt, runs):
     _, hot = ckpt
     chain, loop = runs[True, hot][1], runs[False, hot][1]

@@ -21,7 +21,7 @@ from mtpserve.engine.step_timer import StepTimer
 from mtpserve.engine.validation import validate_request
 from mtpserve.outputs import RequestOutput
 from mtpserve.sampling_params import SamplingParams
-from mtpserve.spec import build_proposer
+from mtpserve.spec import build_proposer, draft_head_bytes
 from mtpserve.spec.metrics import SpecMetrics
 from mtpserve.spec.verify import VerifyInput, verify
 
@@ -50,16 +50,14 @@ class LLMEngine:
         self.model_config = ModelConfig.from_hf(files.hf_config)
         mc = self.model_config
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
-        spec = config.speculative
-        if spec is not None and spec.token_map is not None:   # fail before the weights load
-            from mtpserve.spec.token_map import load_token_map
-
-            load_token_map(spec.token_map, mc.vocab_size)
+        # FR-Spec's token ids, read once, before the weights load (a bad map fails at once)
+        self.token_map = _read_token_map(config.speculative, mc.vocab_size)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
-        self.runner = ModelRunner(config, mc, files, self.max_model_len)
+        self.runner = ModelRunner(config, mc, files, self.max_model_len, reserve_bytes=(
+            draft_head_bytes(self.token_map, mc.hidden_size, config.torch_dtype())))
         self._check_kv_capacity()
         state = self.runner.state_cache
         prefix_caching = config.enable_prefix_caching and state is None
@@ -334,3 +332,12 @@ class LLMEngine:
                 "kv_cache_usage": self.block_manager.usage(),
                 "num_preemptions": self.scheduler.num_preemptions,
                 "spec": self.spec_metrics}
+
+
+def _read_token_map(spec, vocab_size: int) -> torch.Tensor | None:
+    """The ids of ``--speculative-token-map`` [V_sub] int64 (spec/token_map.py), or None."""
+    if spec is None or spec.token_map is None:
+        return None
+    from mtpserve.spec.token_map import load_token_map
+
+    return load_token_map(spec.token_map, vocab_size)

@@ -67,10 +67,10 @@ def gpu_kv_blocks(runner) -> int:
     free, total = torch.cuda.mem_get_info(runner.device)
     weights = torch.cuda.memory_allocated(runner.device) - runner.mem_at_start
     # this engine's share of the device (vLLM's meaning), never more than is actually free
-    from mtpserve.spec import draft_head_bytes, target_kv_share
+    from mtpserve.spec import target_kv_share
 
     budget = min(runner.config.gpu_memory_utilization * total - weights - peak,
-                 free - peak) - HEADROOM_BYTES - draft_head_bytes(runner)
+                 free - peak) - HEADROOM_BYTES - runner.reserve_bytes
     used = total - free
 
     per_block = runner.kv_bytes_per_block()

@@ -40,13 +40,16 @@ class ModelRunner:
         to share (a self-drafting proposer runs the target's weights over its own KV cache);
         state_slots: recurrent-state slots of a hybrid model (default: ``max_num_seqs``);
         num_blocks: KV blocks (a proposer's pool mirrors the target's; a target sizes its own and
-        leaves its proposer's KV cache a share of the GPU budget, ``spec.target_kv_share``).
+        leaves its proposer's KV cache a share of the GPU budget, ``spec.target_kv_share``);
+        reserve_bytes: device bytes kept out of the KV budget for what is built after the KV
+        cache is sized (the FR-Spec draft head, ``spec.draft_head_bytes``).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int,
                  model: torch.nn.Module | None = None, state_slots: int | None = None,
-                 num_blocks: int | None = None):
+                 num_blocks: int | None = None, reserve_bytes: int = 0):
         self.config, self.model_config = config, model_config
+        self.reserve_bytes = reserve_bytes
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.block_size = config.block_size
         cuda = self.device.type == "cuda"

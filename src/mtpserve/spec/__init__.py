@@ -105,13 +105,11 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
 
 
 def _draft_head(spec: SpeculativeConfig, engine):
-    """The MTP drafts' LM head: the FR-Spec head over ``spec.token_map``, else the target's."""
+    """The MTP drafts' LM head: the FR-Spec head over the engine's token map (read from
+    ``spec.token_map`` at engine start), else the target's."""
     from mtpserve.spec.draft_head import build_draft_head
-    from mtpserve.spec.token_map import load_token_map
 
-    ids = None
-    if spec.token_map is not None:
-        ids = load_token_map(spec.token_map, engine.model_config.vocab_size)
+    ids = engine.token_map
     head = build_draft_head(engine.runner.model, ids)
     if ids is not None:
         logger.info("FR-Spec draft head: %d of %d tokens from %s (+%.1f MiB)", ids.numel(),
@@ -120,18 +118,13 @@ def _draft_head(spec: SpeculativeConfig, engine):
     return head
 
 
-def draft_head_bytes(runner) -> int:
+def draft_head_bytes(token_ids, hidden_size: int, dtype) -> int:
     """Bytes the FR-Spec draft head (spec/draft_head.py) will take once the proposer is built,
-    after the KV cache is sized: rows of the token map x hidden size x the runner's dtype; 0
-    without a token map. Raises ValueError for a bad map (spec/token_map.py)."""
-    spec = runner.config.speculative
-    if spec is None or spec.token_map is None:
+    after the KV cache is sized: rows of the token map ``token_ids`` [V_sub] x ``hidden_size``
+    x ``dtype``'s bytes; 0 without a token map (None)."""
+    if token_ids is None:
         return 0
-    from mtpserve.spec.token_map import load_token_map
-
-    mc = runner.model_config
-    ids = load_token_map(spec.token_map, mc.vocab_size)
-    return ids.numel() * mc.hidden_size * runner.dtype.itemsize
+    return token_ids.numel() * hidden_size * dtype.itemsize
 
 
 def target_kv_share(spec: SpeculativeConfig | None, num_attention_layers: int) -> float:
