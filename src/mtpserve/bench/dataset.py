@@ -7,10 +7,10 @@ chat list, chat endpoint only).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from mtpserve.bench.prompts import as_messages, prompt_set
+from mtpserve.jsonl import read_objects
 
 
 @dataclass(frozen=True)
@@ -47,23 +47,13 @@ def load_jsonl(path: str) -> list[BenchPrompt]:
         ValueError: a line that is not a JSON object with a string ``prompt`` or a non-empty
             ``messages`` list (the message names the line), or a file without prompts.
     """
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                prompts.append(_parse_line(line, f"{path}:{number}"))
+    prompts = [_prompt(obj, where) for where, obj in read_objects(path)]
     if not prompts:
         raise ValueError(f"{path}: no prompts in the file")
     return prompts
 
 
-def _parse_line(line: str, where: str) -> BenchPrompt:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+def _prompt(obj: dict, where: str) -> BenchPrompt:
     if isinstance(obj.get("prompt"), str):
         return BenchPrompt(text=obj["prompt"])
     msgs = obj.get("messages")

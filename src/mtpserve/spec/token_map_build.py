@@ -25,6 +25,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from mtpserve.jsonl import read_objects
+
 TEXT_FIELDS = ("text", "prompt", "completion", "content")
 CORPUS_SUFFIXES = (".txt", ".jsonl")
 OUTPUT_SUFFIXES = (".json", ".pt")
@@ -94,18 +96,8 @@ def record_texts(record: dict) -> list[str]:
 def _jsonl_texts(path: str) -> Iterator[str]:
     """Every record's texts, line by line. Raises ValueError naming ``path:line`` for a line
     that is not a JSON object."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--corpus {path}:{number}: not JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"--corpus {path}:{number}: a JSON {type(record).__name__}, "
-                                 f"not an object")
-            yield from record_texts(record)
+    for _, record in read_objects(path, label="--corpus "):
+        yield from record_texts(record)
 
 
 def corpus_texts(paths: Iterable[str]) -> Iterator[str]:
