@@ -138,9 +138,13 @@ def _phase_ms(eng, steps: int) -> dict[str, float]:
         pr.enable()
         eng.step()
         pr.disable()
-    stats = pstats.Stats(pr).stats
-    return {name: ct / steps * 1e3 for (f, _, name), (_, _, _, ct, _) in stats.items()
-            if name in PHASES and "mtpserve" in f}
+    return _per_step_ms(pr, steps)
+
+
+def _per_step_ms(pr: cProfile.Profile, steps: int) -> dict[str, float]:
+    """Cumulative milliseconds per step of each of our ``PHASES`` in profile ``pr``."""
+    return {name: ct / steps * 1e3 for (f, _, name), (_, _, _, ct, _)
+            in pstats.Stats(pr).stats.items() if name in PHASES and "mtpserve" in f}
 
 
 PHASES = ("step", "propose", "draft", "schedule", "prepare", "execute", "_verify", "_sample",
@@ -172,8 +176,7 @@ def spec_host(conc: int, max_tokens: int = 96) -> None:
             pr.disable()
             n += 1
         wall = (time.perf_counter() - t) / n
-        parts = {name: ct / n * 1e3 for (f, _, name), (_, _, _, ct, _)
-                 in pstats.Stats(pr).stats.items() if name in PHASES and "mtpserve" in f}
+        parts = _per_step_ms(pr, n)
         print(f"{algo or 'off':6} c={conc}: {n} steps, {wall * 1e3:.3f} ms/step wall; "
               + ", ".join(f"{k} {parts[k]:.3f}" for k in PHASES if k in parts), flush=True)
         del llm, eng
