@@ -121,7 +121,7 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     with open(path, "w") as f:
         f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=50,
                                           max_name_column_width=90))
-    host = _phase_ms(eng, steps)
+    host = _phase_ms(eng, steps, path.replace(".txt", "-host.txt"))
     eng.proposer = None
     eng.runner.graphs = None
     return (f"{shape} b{n_req}{' nextn k=3' if spec else ''}: {wall * 1e3:.3f} ms/step wall "
@@ -130,14 +130,16 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
             + ", ".join(f"{k} {v:.3f}" for k, v in host.items()))
 
 
-def _phase_ms(eng, steps: int) -> dict[str, float]:
+def _phase_ms(eng, steps: int, path: str) -> dict[str, float]:
     """Cumulative cProfile milliseconds per engine step of each of ``PHASES`` over ``steps``
-    more steps (those that ran)."""
+    more steps (those that ran); the 60 functions of most own time written to ``path``."""
     pr = cProfile.Profile()
     for _ in range(steps):
         pr.enable()
         eng.step()
         pr.disable()
+    with open(path, "w") as f:
+        pstats.Stats(pr, stream=f).sort_stats("tottime").print_stats(60)
     return _per_step_ms(pr, steps)
 
 

@@ -52,16 +52,18 @@ class StateCache:
         self.shape, self.num_slots, self.pad_slot = shape, num_slots, num_slots
         conv_shape = (s.conv_dim, s.kernel - 1)
         ssm_shape = (s.num_v_heads, s.head_k_dim, s.head_v_dim)
-        self.conv = [torch.zeros(num_slots + 1, *conv_shape, dtype=dtype, device=device)
-                     for _ in range(num_layers)]
-        self.ssm = [torch.zeros(num_slots + 1, *ssm_shape, dtype=ssm_dtype, device=device)
-                    for _ in range(num_layers)]
+        # every layer's tensor is a view of one stacked tensor per kind, so that copying a
+        # slot (or committing a scratch position) is one copy for all layers, not one per layer
+        L = num_layers
+        self._conv = torch.zeros(L, num_slots + 1, *conv_shape, dtype=dtype, device=device)
+        self._ssm = torch.zeros(L, num_slots + 1, *ssm_shape, dtype=ssm_dtype, device=device)
         rows, pos = (scratch_rows + 1, max_drafts + 1) if max_drafts else (0, 0)
         self.pad_scratch_row = scratch_rows
-        self.conv_scratch = [torch.zeros(rows, pos, *conv_shape, dtype=dtype, device=device)
-                             for _ in range(num_layers)]
-        self.ssm_scratch = [torch.zeros(rows, pos, *ssm_shape, dtype=ssm_dtype, device=device)
-                            for _ in range(num_layers)]
+        self._conv_scratch = torch.zeros(L, rows, pos, *conv_shape, dtype=dtype, device=device)
+        self._ssm_scratch = torch.zeros(L, rows, pos, *ssm_shape, dtype=ssm_dtype, device=device)
+        self.conv, self.ssm = list(self._conv.unbind(0)), list(self._ssm.unbind(0))
+        self.conv_scratch = list(self._conv_scratch.unbind(0))
+        self.ssm_scratch = list(self._ssm_scratch.unbind(0))
         self._free = list(range(num_slots - 1, -1, -1))
         logger.info("recurrent state: %d slots x %d layers (%.1f MiB, %.1f MiB per request)",
                     num_slots, num_layers, self.nbytes / 2**20,
@@ -77,8 +79,8 @@ class StateCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.conv + self.ssm + self.conv_scratch
-                   + self.ssm_scratch)
+        return sum(t.numel() * t.element_size() for t in (self._conv, self._ssm,
+                                                          self._conv_scratch, self._ssm_scratch))
 
     @property
     def num_free(self) -> int:
@@ -89,8 +91,8 @@ class StateCache:
         if not self._free:
             return None
         slot = self._free.pop()
-        for t in self.conv + self.ssm:
-            t[slot].zero_()
+        self._conv[:, slot].zero_()
+        self._ssm[:, slot].zero_()
         return slot
 
     def free(self, slot: int) -> None:
@@ -98,14 +100,14 @@ class StateCache:
 
     def copy_slot(self, src: int, dst: int) -> None:
         """Make slot ``dst`` hold slot ``src``'s state (every layer)."""
-        for t in self.conv + self.ssm:
-            t[dst].copy_(t[src])
+        self._conv[:, dst].copy_(self._conv[:, src])
+        self._ssm[:, dst].copy_(self._ssm[:, src])
 
     def commit(self, slot: int, scratch_row: int, position: int) -> None:
-        """Make ``slot`` hold the state after query token ``position`` of a verify step."""
-        for i in range(len(self.conv)):
-            self.conv[i][slot].copy_(self.conv_scratch[i][scratch_row, position])
-            self.ssm[i][slot].copy_(self.ssm_scratch[i][scratch_row, position])
+        """Make ``slot`` hold the state after query token ``position`` of a verify step (two
+        copies over all layers)."""
+        self._conv[:, slot].copy_(self._conv_scratch[:, scratch_row, position])
+        self._ssm[:, slot].copy_(self._ssm_scratch[:, scratch_row, position])
 
 
 @dataclass
