@@ -156,14 +156,16 @@ class LLMEngine:
         if self.proposer is not None:   # drafts still on the device go in on the device
             self.proposer.patch_inputs(batch, sched)
         hidden, logits = self.runner.execute(batch)
+        ahead = None
         if self.proposer is not None:   # their host copies, now that the forward is queued
             self.proposer.resolve_drafts(sched)
+            ahead = self.proposer.verify_ahead(sched, batch, hidden, logits)
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
         if any(s.draft_token_ids for s, _ in sampling):
-            self._verify(sampling, logits)
+            self._verify(sampling, logits, ahead)
         elif sampling:  # a step of prefill chunks only samples nothing
             self._sample(sampling, logits)
         if self.proposer is not None:
@@ -271,7 +273,9 @@ class LLMEngine:
             lp = result.logprobs[i] if result.logprobs is not None else None
             s.seq.append_token(token_ids[i], lp)
 
-    def _verify(self, sampling, logits) -> None:
+    def _verify(self, sampling, logits, ahead=None) -> None:
+        """Verify the drafts of ``sampling``'s sequences against ``logits``; ``ahead``: the
+        proposer's AheadStep (spec/draft_ahead.py), whose argmax targets are used as read."""
         items = []
         for s, first in sampling:
             seq, drafts = s.seq, s.draft_token_ids
@@ -279,7 +283,8 @@ class LLMEngine:
             q = seq.draft_probs[: len(drafts)] if seq.draft_probs is not None else None
             items.append(VerifyInput(rows, first, drafts, q))
         state, row = self.runner.state_cache, 0
-        for (s, _), res in zip(sampling, verify(self.sampler, logits, items)):
+        argmax = ahead.targets() if ahead is not None else None
+        for (s, _), res in zip(sampling, verify(self.sampler, logits, items, argmax)):
             seq = s.seq
             seq.num_computed_tokens += res.num_accepted  # their K/V, written by this pass, stays
             if state is not None and s.draft_token_ids:

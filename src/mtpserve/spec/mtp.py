@@ -38,6 +38,7 @@ from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
+from mtpserve.spec.draft_ahead import AheadStep, greedy_acceptance
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.pending_drafts import PendingDrafts
@@ -74,13 +75,20 @@ class MTPProposer(Proposer):
         self.states: dict[str, _MTPState] = {}
         self.chain = DraftChain(target, runner, self.head)
         self.use_chain = True   # greedy batches draft through self.chain (off: the step loop)
+        self.draft_ahead = True   # greedy verify steps observe and draft before the read-back
         self.pending: PendingDrafts | None = None   # this step's chain drafts, on the device
+        self.ahead: AheadStep | None = None        # the verify step observed ahead, if any
+        # drafts the last verify step made ahead: (drafts [B, m] on the device,
+        # request id -> (row, the sequence's token count they were made for))
+        self._ahead_drafts: tuple[torch.Tensor, dict[str, tuple[int, int]]] | None = None
 
     # ---- after each target step: extend the MTP's cache with the real hidden states -------
     @torch.inference_mode()
     def observe(self, items: list[tuple[Sequence, int, torch.Tensor]]) -> None:
         """``items``: (sequence, first position, target hidden states [n, H] of positions
         first..first+n-1, all of them valid)."""
+        if self.ahead is not None:
+            items = self._observed_ahead(items)
         sched, hiddens, states = SchedulerOutput(), [], []
         for seq, start, hidden in items:
             st = self._state(seq)
@@ -105,10 +113,91 @@ class MTPProposer(Proposer):
             st.shadow.num_computed_tokens += h.shape[0]
             st.last_hidden = y[end - 1]
 
+    # ---- greedy verify steps: observe and draft before the host reads back (draft_ahead.py) --
+    @torch.inference_mode()
+    def verify_ahead(self, sched: SchedulerOutput, batch, hidden: torch.Tensor,
+                     logits: torch.Tensor) -> AheadStep | None:
+        """Right after a verify forward is launched: when every scheduled sequence verifies
+        drafts with plain greedy sampling, compute the acceptance on the device, run ``observe``
+        over every verified position and the next step's draft chain from the accepted one,
+        all without a host sync. ``hidden`` [T, H], ``logits`` [T, vocab]: the forward's
+        outputs for the T tokens of ``batch``. Returns the step (the engine verifies with its
+        targets), or None when it does not apply (the step goes the usual way)."""
+        work = self._ahead_work(sched, logits.shape[0] == batch.num_tokens)
+        if work is None:
+            return None
+        firsts, n = [], 0
+        for s in sched.scheduled:
+            firsts.append(n)
+            n += s.num_query_tokens
+        counts = [len(s.draft_token_ids) for s in sched.scheduled]
+        targets = logits.argmax(-1)
+        accepted, firsts_t = greedy_acceptance(targets, batch.input_ids, firsts, counts,
+                                               max(counts))
+        seqs = [s.seq for s in sched.scheduled]
+        ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs])
+        obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, st, _), m
+                               in zip(work, counts)])
+        y = self._forward(obs, hidden, input_ids=targets)
+        ahead.hidden = y.index_select(0, firsts_t + accepted)
+        variants = [[_chain_row(seq, st, b, v) for seq, st, b in work]
+                    for v in range(max(counts) + 1)]
+        steps = max(max(b) for _, _, b in work)
+        ahead.drafts = self.chain.run_variants(ahead.hidden, variants, accepted, max(steps, 1))
+        self.ahead = ahead
+        return ahead
+
+    def _ahead_work(self, sched: SchedulerOutput, rows_per_token: bool):
+        """Per scheduled sequence (sequence, MTP state, next budget if v drafts get accepted
+        for v = 0..its drafts) when the step can go ahead, else None. Grows each shadow's
+        blocks for the observe over all its verified positions and the longest chain."""
+        if not (self.draft_ahead and self.use_chain and rows_per_token and sched.scheduled):
+            return None
+        work = []
+        for s in sched.scheduled:
+            seq, p = s.seq, s.seq.params
+            st = self.states.get(seq.request_id)
+            if (not s.draft_token_ids or not s.samples or s.num_new_tokens != 1
+                    or not p.greedy or p.logit_bias or p.needs_penalties
+                    or len(seq.output_token_ids) < p.min_tokens or st is None or st.broken
+                    or st.shadow.num_computed_tokens != seq.num_computed_tokens):
+                return None
+            m, L = len(s.draft_token_ids), seq.num_tokens
+            budgets = [min(self.k, max(0, min(seq.max_tokens - len(seq.output_token_ids) - v - 2,
+                                              seq.max_model_len - L - v - 1)))
+                       for v in range(m + 1)]
+            need = max([L + m] + [L + v - 1 + max(b, 1) for v, b in enumerate(budgets)])
+            if not self.bm.allocate(st.shadow, need):
+                return None
+            work.append((seq, st, budgets))
+        for (seq, st, _), s in zip(work, sched.scheduled):
+            st.shadow.token_ids = seq.token_ids[1:] + [0] * (1 + len(s.draft_token_ids))
+        return work
+
+    def _observed_ahead(self, items):
+        """Finish the step observed ahead for ``items`` it covers (the accepted count the host
+        found equals the device's: the same targets decide both); return the other items."""
+        ahead, self.ahead = self.ahead, None
+        rest, rows = [], {}
+        for seq, start, hidden in items:
+            row = ahead.rows.get(seq.request_id)
+            st = self.states.get(seq.request_id)
+            if row is None or st is None or start != ahead.starts[row] \
+                    or hidden.shape[0] != ahead.accepted(row) + 1:
+                rest.append((seq, start, hidden))
+                continue
+            st.shadow.token_ids = seq.token_ids[1:]
+            st.shadow.num_computed_tokens = start + hidden.shape[0]
+            st.last_hidden = ahead.hidden[row]
+            rows[seq.request_id] = (row, seq.num_tokens)
+        self._ahead_drafts = (ahead.drafts, rows) if rows else None
+        return rest
+
     # ---- drafting ------------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], allowed: bool | None = None) -> None:
         self.pending = None   # a step that drafts nothing must not patch last step's drafts
         super().propose(seqs, allowed)
+        self._ahead_drafts = None   # drafts made ahead serve this step or none
 
     @torch.inference_mode()
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
@@ -120,7 +209,9 @@ class MTPProposer(Proposer):
                 active.append((seq, budget, st))
         if not active:
             return
-        if self.use_chain and all(seq.params.greedy for seq, _, _ in active):
+        if self._from_ahead(active):
+            pass
+        elif self.use_chain and all(seq.params.greedy for seq, _, _ in active):
             self._draft_chain(active)
         else:
             self._draft_loop(active)
@@ -138,6 +229,21 @@ class MTPProposer(Proposer):
         drafts = self.chain.run(hidden, rows, max(r.budget for r in rows))
         self.pending = PendingDrafts(drafts, [seq for seq, _, _ in active],
                                      [r.budget for r in rows])
+
+    def _from_ahead(self, active) -> bool:
+        """Take every active sequence's drafts from those the last verify step made ahead
+        (draft_ahead.py), if it made them for all of them at their current length."""
+        if self._ahead_drafts is None:
+            return False
+        drafts, made = self._ahead_drafts
+        rows = [made.get(seq.request_id) for seq, _, _ in active]
+        if any(r is None or r[1] != seq.num_tokens or budget > drafts.shape[1]
+               for r, (seq, budget, _) in zip(rows, active)):
+            return False
+        self.pending = PendingDrafts(_take(drafts, [r[0] for r in rows]),
+                                     [seq for seq, _, _ in active],
+                                     [budget for _, budget, _ in active])
+        return True
 
     def patch_inputs(self, batch, sched) -> None:
         if self.pending is not None:
@@ -265,6 +371,13 @@ class MTPProposer(Proposer):
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
+
+
+def _chain_row(seq: Sequence, st: _MTPState, budgets: list[int], v: int) -> ChainRow:
+    """``seq``'s chain row if ``v`` of its drafts get accepted (``budgets[v]``: the drafts it
+    may then carry); a v past its drafts never happens: the row of its last."""
+    v = min(v, len(budgets) - 1)
+    return ChainRow(st.shadow.block_table, seq.num_tokens + v + 1, max(budgets[v], 1))
 
 
 def _take(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:

@@ -65,9 +65,10 @@ class ChainPlan:
 
 
 def plan_chain(rows: list[ChainRow], steps: int, padded: int, block_size: int,
-               pad_slot: int) -> ChainPlan:
+               pad_slot: int, width: int | None = None) -> ChainPlan:
     """Lay out chained steps 1..steps-1 of ``rows`` (step s of a row at position L - 2 + s while
-    s < its budget, else dead: the position of its last real step, KV to ``pad_slot``)."""
+    s < its budget, else dead: the position of its last real step, KV to ``pad_slot``).
+    ``width``: block-table columns (default: the fewest the rows' keys need)."""
     B, bs = len(rows), block_size
     pos, slots = [], []
     for s in range(1, steps):
@@ -82,10 +83,15 @@ def plan_chain(rows: list[ChainRow], steps: int, padded: int, block_size: int,
         pos.extend([0] * (padded - B))
         slots.extend([pad_slot] * (padded - B))
     kv = [p + 1 for p in pos]
-    width = max((r.num_tokens - 3 + max(r.budget, 1)) // bs + 1 for r in rows)
+    width = width or table_width(rows, bs)
     tables = [x for r in rows for x in _row(r.block_table, width)]
     return ChainPlan(B, padded, steps, pos + slots + kv, list(range(B)) + [0] * (padded - B) + kv,
                      tables, width)
+
+
+def table_width(rows: list[ChainRow], block_size: int) -> int:
+    """Block-table columns a chain over ``rows`` reads (its last real step's keys)."""
+    return max((r.num_tokens - 3 + max(r.budget, 1)) // block_size + 1 for r in rows)
 
 
 def _row(table: list[int], width: int) -> list[int]:
@@ -148,6 +154,35 @@ class DraftChain:
             return self.forward(hidden, None, 1)
         plan = plan_chain(rows, steps, B, r.block_size, r.pad_slot)
         return self.forward(hidden, self.upload(plan), steps)
+
+    @torch.inference_mode()
+    def run_variants(self, hidden: torch.Tensor, variants: list[list[ChainRow]],
+                     accepted: torch.Tensor, steps: int) -> torch.Tensor:
+        """Drafts [B, steps] int64 on the device for rows whose layout the host does not know
+        yet: ``variants[v]`` are the B rows as they are if v drafts get accepted (same block
+        tables), ``accepted`` [B] int64 on the device picks each row's variant. The host lays
+        out every variant (spec/draft_ahead.py: the chain starts before the host has read
+        the acceptance back), the device selects per row; no host sync."""
+        B, r, g = len(variants[0]), self.runner, self.graphs
+        graph = g is not None and g.fits(B, steps)
+        if steps == 1:
+            return g.run_selected(hidden, None, None, None) if graph else \
+                self.forward(hidden.to(r.dtype), None, 1)
+        P = g.padded(B) if graph else B
+        width = max(table_width(rows, r.block_size) for rows in variants)
+        plans = [plan_chain(rows, steps, P, r.block_size, r.pad_slot, width) for rows in variants]
+        dev, V = r.device, len(plans)
+        i64 = to_device([x for p in plans for x in p.i64], torch.int64, dev).view(V, -1)
+        n32 = len(plans[0].i32)
+        up = to_device([x for p in plans for x in p.i32] + plans[0].tables, torch.int32, dev)
+        i32, tables = up[:V * n32].view(V, n32), up[V * n32:].view(B, width)
+        pick = accepted if P == B else torch.cat([accepted, accepted.new_zeros(P - B)])
+        i64 = i64.gather(0, pick.repeat(i64.shape[1] // P).view(1, -1)).view(-1)
+        i32 = i32.gather(0, pick.repeat(n32 // P).view(1, -1)).view(-1)
+        if graph:
+            return g.run_selected(hidden, i64, i32, tables)
+        inputs = ChainInputs.view(i64, i32, tables, P, steps)
+        return self.forward(hidden.to(r.dtype), inputs, steps)
 
     def upload(self, plan: ChainPlan) -> ChainInputs:
         """``plan`` on the runner's device: two host-to-device copies."""

@@ -107,6 +107,22 @@ class ChainGraphs:
         g.graph.replay()
         return g.drafts[:B]
 
+    def run_selected(self, hidden: torch.Tensor, i64: torch.Tensor | None,
+                     i32: torch.Tensor | None, tables: torch.Tensor | None) -> torch.Tensor:
+        """As :meth:`run` with the plan already on the device (``DraftChain.run_variants``):
+        ``i64`` / ``i32`` a ChainPlan's buffers for the padded row count, ``tables`` [B, W]
+        int32 (all None for one step). Returns the drafts [B, steps] int64."""
+        B = hidden.shape[0]
+        steps = 1 if i64 is None else i64.shape[0] // (3 * self.padded(B)) + 1
+        g = self.graphs[(self.padded(B), steps)]
+        g.hidden[:B].copy_(hidden)
+        if i64 is not None:
+            g.i64.copy_(i64)
+            g.i32.copy_(i32)
+            self.tables[:B, :tables.shape[1]].copy_(tables)
+        g.graph.replay()
+        return g.drafts[:B]
+
 
 def _upload_into(dst: torch.Tensor, values: list[int]) -> None:
     """``values`` into the 1-D ``dst`` (same length): from pinned memory, without blocking the

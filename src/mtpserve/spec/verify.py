@@ -45,11 +45,14 @@ class VerifyResult:
     num_accepted: int
 
 
-def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput]) -> list[VerifyResult]:
+def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput],
+           argmax: list[int] | None = None) -> list[VerifyResult]:
     """Verify every sequence's drafts against the target's logits [N, V] (raw, float32).
 
     Greedy sequences need only the target's argmax per row, read to the host in one transfer;
-    the sampling distribution p is built only for sampled sequences.
+    the sampling distribution p is built only for sampled sequences. ``argmax``: that argmax
+    per logits row, already on the host (spec/draft_ahead.py; only when every row is plain
+    greedy: no bias, penalties or min_tokens ban).
     """
     order = [it.first_row + i for it in items for i in range(len(it.rows))]
     raw = logits if order == list(range(len(order))) else \
@@ -60,7 +63,12 @@ def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput]) -> list[V
         n += len(it.rows)
     greedy = [i for i, it in enumerate(items) if it.rows[0].params.greedy]
     sampled = [i for i, it in enumerate(items) if not it.rows[0].params.greedy]
-    targets = _greedy_targets(sampler, raw, [items[i] for i in greedy], [starts[i] for i in greedy])
+    if argmax is not None:
+        targets = [[argmax[items[i].first_row + r] for r in range(len(items[i].rows))]
+                   for i in greedy]
+    else:
+        targets = _greedy_targets(sampler, raw, [items[i] for i in greedy],
+                                  [starts[i] for i in greedy])
     p = _target_probs(sampler, raw, [items[i] for i in sampled], [starts[i] for i in sampled])
     results: list[VerifyResult | None] = [None] * len(items)
     for j, i in enumerate(greedy):

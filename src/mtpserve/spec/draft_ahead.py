@@ -1,0 +1,101 @@
+"""Greedy MTP drafting that starts before the host knows what the verify step accepted.
+
+In a synchronous speculative step the host reads the verify forward's targets back, decides
+what was accepted, and only then launches the MTP's ``observe`` forward and the next step's
+draft chain: the GPU idles while the host works, and the host waits while those run. For
+greedy sequences nothing there needs the host:
+
+- the target's choice at every verified position is ``argmax(logits)``, and the drafts
+  accepted are the longest prefix of drafts equal to it (:func:`greedy_acceptance`, on the
+  device);
+- the MTP pair at verified position ``L - 1 + i`` is (h, the token after it), and for every
+  position the step keeps (``i <= accepted``) that token is the target's choice there: drafts
+  accepted equal it, the last emitted token is it. So ``observe`` can run over *all* verified
+  positions with the argmax as input ids; the pairs past the accepted ones write MTP K/V that
+  nobody counts as valid (the shadow's ``num_computed_tokens`` stops at the accepted ones, and
+  the next forwards overwrite them), exactly as chained draft K/V are forgotten (spec/mtp.py);
+- draft 1 comes from the MTP output at the accepted position, picked on the device, and the
+  chain's layout (positions, KV slots, key counts) for every possible acceptance is laid out on
+  the host; the device picks each row's (``DraftChain.run_variants``).
+
+The host reads back only the targets and the acceptance (:class:`AheadStep`, a copy recorded
+right after the acceptance kernel), so it post-processes, schedules and prepares the next
+verify step while the observe forward and the chain run. The engine takes the targets from
+here instead of reading the argmax again (spec/verify.py ``argmax``), so both decide the same.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mtpserve.engine.forward_batch import to_device
+from mtpserve.engine.sequence import Sequence
+
+
+def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, firsts: list[int],
+                      num_drafts: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts accepted per sequence of a verify batch, on the device, no host sync.
+
+    Args:
+        targets: [T] int64, the target's argmax at each token of the batch.
+        input_ids: [T] int64, the batch's input ids (sequence b's token at ``firsts[b]`` is
+            its newest one, followed by its ``num_drafts[b]`` drafts).
+        firsts: per sequence (B), its first token's index in the batch; num_drafts: its
+            drafts (1..k); k: the most drafts of any sequence.
+
+    Returns:
+        (accepted [B] int64: the longest prefix of drafts with ``draft i == target at i``,
+        firsts [B] int64 on the device).
+    """
+    B = len(firsts)
+    pos = [f + min(i, m - 1) for f, m in zip(firsts, num_drafts) for i in range(k)]
+    valid = [int(i < m) for m in num_drafts for i in range(k)]
+    up = to_device(pos + valid + firsts, torch.int64, targets.device)
+    pos_t, valid_t = up[:B * k], up[B * k:2 * B * k].bool()
+    match = (input_ids.index_select(0, pos_t + 1) == targets.index_select(0, pos_t)) & valid_t
+    return match.view(B, k).long().cumprod(1).sum(1), up[2 * B * k:]
+
+
+class AheadStep:
+    """One verify step's greedy targets and acceptance on their way to the host, and what the
+    proposer launched from them without waiting.
+
+    Args:
+        targets: [T] int64 on the device; accepted: [B] int64 on the device; seqs: the B
+            verified sequences in batch order; starts: each one's first verified position
+            (``L - 1``).
+
+    After construction the proposer sets ``hidden`` (the MTP output at each row's accepted
+    position, [B, H]) and ``drafts`` ([B, m] int64, the next step's chain drafts).
+    """
+
+    def __init__(self, targets: torch.Tensor, accepted: torch.Tensor, seqs: list[Sequence],
+                 starts: list[int]):
+        self.rows = {s.request_id: i for i, s in enumerate(seqs)}
+        self.starts = starts
+        both = torch.cat([targets, accepted])
+        self._T = targets.shape[0]
+        self._host, self._ready = both, None
+        if both.is_cuda:
+            self._host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+            self._host.copy_(both, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        self._values: list[int] | None = None
+        self.hidden: torch.Tensor | None = None
+        self.drafts: torch.Tensor | None = None
+
+    def _read(self) -> list[int]:
+        if self._values is None:
+            if self._ready is not None:
+                self._ready.synchronize()   # the acceptance only, not what was queued after it
+            self._values = self._host.tolist()
+        return self._values
+
+    def targets(self) -> list[int]:
+        """The target's argmax at every token of the batch (host ints; waits for the copy)."""
+        return self._read()[:self._T]
+
+    def accepted(self, row: int) -> int:
+        """Drafts the device found accepted for row ``row``."""
+        return self._read()[self._T + row]

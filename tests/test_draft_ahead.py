@@ -1,0 +1,138 @@
+"""Greedy MTP steps that observe and draft before the host reads the verify step back
+(spec/draft_ahead.py), on the CPU.
+
+The acceptance kernel against hand-made batches; then whole engines, drafting ahead and not
+(``MTPProposer.draft_ahead``), over the tiny trained hybrid (drafts get accepted: 0..k per step)
+and a random MTP layer (nothing accepted): the same drafts step by step, the same acceptance
+counts, and plain decoding's tokens, also when max_tokens / max_model_len shrink the next
+budgets, when the token budget cuts drafts, under preemption, with padded chain "graphs", and
+beside a sampling request (which keeps the usual path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness_hybrid import one_thread
+from hybrid_checkpoint import random_mtp_checkpoint
+from mtpserve import LLM, SamplingParams
+from mtpserve.spec.draft_ahead import greedy_acceptance
+from test_mtp_chain import eager_chain_graphs
+from trained_hybrid import held_out_prompts, trained_hybrid_dir
+
+K = 3
+KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+def test_acceptance_is_the_longest_matching_prefix():
+    # three sequences: 3 drafts (first two match), 1 draft (matches), 2 drafts (first differs)
+    ids = torch.tensor([50, 7, 8, 9, 60, 5, 70, 4, 4])
+    targets = torch.tensor([7, 8, 1, 2, 5, 3, 9, 4, 6])
+    accepted, firsts = greedy_acceptance(targets, ids, [0, 4, 6], [3, 1, 2], 3)
+    assert accepted.tolist() == [2, 1, 0] and firsts.tolist() == [0, 4, 6]
+    all_match = greedy_acceptance(torch.tensor([7, 8, 9, 3]), torch.tensor([1, 7, 8, 9]),
+                                  [0], [3], 3)[0]
+    assert all_match.tolist() == [3]
+
+
+def engine(path, ahead: bool, **kw):
+    """An MTP engine (no draft-length policy: every sequence drafts up to k) logging, per
+    draft call, each sequence's drafts, and counting the steps it went ahead."""
+    llm = LLM(str(path), speculative_algorithm="nextn", speculative_num_steps=K,
+              speculative_adaptive=False, **{**KW, **kw})
+    p = llm.engine.proposer
+    p.draft_ahead = ahead
+    log, counts, draft, go = [], {"ahead": 0, "used": 0}, p.draft, p.verify_ahead
+
+    def logged(work):
+        used = p._ahead_drafts is not None
+        draft(work)
+        pend = p.pending
+        log.append([(s.request_id, pend.drafts[pend.rows[s.request_id]].tolist()
+                     [:len(s.draft_token_ids)] if pend and s.request_id in pend.rows
+                     else list(s.draft_token_ids)) for s, _ in work])
+        counts["used"] += used and pend is not None
+
+    def went(*a):
+        out = go(*a)
+        counts["ahead"] += out is not None
+        return out
+
+    p.draft, p.verify_ahead = logged, went
+    return llm, log, counts
+
+
+def run(path, prompts, params, **kw):
+    """Per ahead in (True, False): (token ids, draft log, counts, spec metrics)."""
+    out = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead, **kw)
+        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        m = llm.engine.spec_metrics
+        out[ahead] = (ids, log, counts, (m.num_draft_tokens, m.num_accepted_tokens,
+                                         list(m.accepted_per_step)))
+    return out
+
+
+def plain(path, prompts, params, **kw):
+    return [r.outputs[0].token_ids for r in LLM(str(path), **{**KW, **kw}).generate(prompts,
+                                                                                  params)]
+
+
+@pytest.mark.parametrize("kw", [{}, dict(max_num_batched_tokens=5),
+                                dict(max_model_len=32, num_kv_blocks=10)],
+                         ids=["default", "drafts-cut-by-the-token-budget", "preemption"])
+def test_trained_model_drafts_ahead_as_the_usual_step(kw):
+    path, prompts = trained_hybrid_dir(), held_out_prompts(6, 6)
+    # different max_tokens: the next budget depends on how much gets accepted near the end
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (5, 9, 14, 14, 11, 20)]
+    if "max_model_len" in kw:
+        params = [SamplingParams(max_tokens=26, temperature=0.0, ignore_eos=True)] * 6
+    out = run(path, prompts, params, **kw)
+    want = plain(path, prompts, params, **kw)
+    (ids, log, counts, metrics), (ids0, log0, counts0, metrics0) = out[True], out[False]
+    assert ids == want and ids0 == want
+    assert log == log0 and metrics == metrics0
+    assert metrics[1] > 0                        # drafts were accepted
+    assert counts["ahead"] > 0 and counts["used"] > 0
+    assert counts0 == {"ahead": 0, "used": 0}
+
+
+def test_random_mtp_with_padded_chain_graphs(tmp_path):
+    path = random_mtp_checkpoint(tmp_path / "tiny")[0]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, 256, (n,), generator=g).tolist() for n in (5, 11, 3, 17, 8)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (4, 7, 10, 13, 16)]
+    want = plain(path, prompts, params)
+    logs = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead)
+        replays = eager_chain_graphs(llm, max_seqs=4)   # 1, 2, 4 rows: 5 rows run eagerly
+        assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == want
+        logs[ahead] = log
+        if ahead:
+            assert counts["used"] > 0 and replays.get(4, 0) > 0 and replays.get(1, 0) > 0
+    assert logs[True] == logs[False]
+
+
+def test_a_sampling_request_keeps_the_usual_step():
+    path, prompts = trained_hybrid_dir(), held_out_prompts(3, 6)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    params = [greedy, greedy, SamplingParams(max_tokens=4, temperature=0.8, seed=5)]
+    llm, log, counts = engine(path, True)
+    outs = llm.generate(prompts, params)
+    want = plain(path, prompts[:2], greedy)
+    assert [o.outputs[0].token_ids for o in outs[:2]] == want
+    # while the sampled request runs no step goes ahead; once it is done the greedy ones do
+    assert counts["ahead"] > 0
+    ahead_llm, _, _ = engine(path, True)
+    sampled_only = ahead_llm.generate(prompts[2:], params[2:])
+    assert sampled_only[0].outputs[0].token_ids == outs[2].outputs[0].token_ids
