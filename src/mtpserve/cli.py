@@ -49,11 +49,13 @@ def _bench_parser(sub) -> None:
     add_bench_parser(sub)
 
 
-def _token_map_parser(sub) -> None:
-    from mtpserve.spec.token_map_build import DESCRIPTION
+def _token_map_parser(sub, describe: bool) -> None:
+    description = None
+    if describe:  # importing mtpserve.spec imports torch (~1 s): only for `mtpserve token-map`
+        from mtpserve.spec.token_map_build import DESCRIPTION as description
 
     p = sub.add_parser("token-map", help="write a --speculative-token-map file (FR-Spec)",
-                       description=DESCRIPTION)
+                       description=description)
     p.add_argument("--model", help="HF directory or GGUF file (default: SmolLM2-135M-Instruct "
                                    "Q4_1 GGUF)")
     p.add_argument("--tokenizer", help="tokenizer path (default: the model's)")
@@ -124,13 +126,14 @@ def _token_map(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mtpserve`` console script; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="mtpserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _generate_parser(sub)
     _wait_ready_parser(sub)
     _bench_parser(sub)
-    _token_map_parser(sub)
+    _token_map_parser(sub, describe="token-map" in argv)
     a = parser.parse_args(argv)
     logging.basicConfig(level=getattr(a, "log_level", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a device or dtype is asked for: `import mtpserve`,
+    import torch   # the CLI's argument parsing and the HTTP side do not need it
 
 # Architectures served by the Llama-family decoder (models/llama.py).
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "smollm2")
@@ -156,12 +157,17 @@ class EngineConfig:
     async_scheduling: bool | None = None
 
     def torch_device(self) -> torch.device:
+        """The device to run on; ``auto`` is ``cuda`` when CUDA is available, else ``cpu``."""
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     def torch_dtype(self) -> torch.dtype:
         """The weight / activation dtype; ``auto`` is float32 on CPU and bfloat16 on CUDA."""
+        import torch
+
         if self.dtype == "auto":
             return torch.float32 if self.torch_device().type == "cpu" else torch.bfloat16
         try:
