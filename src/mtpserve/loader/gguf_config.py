@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
-    "llama": LlamaConfig,
-    "qwen2": Qwen2Config,
-    "qwen3": Qwen3Config,
+# GGUF architecture -> name of its transformers config class, imported when a config is built:
+# ``LlamaConfig`` alone pulls in transformers.activations and with it torch.distributed.tensor
+# and sympy (0.55 s on a CPU dev box), which a qwen checkpoint never needs.
+CONFIG_CLASSES: dict[str, str] = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
 }
 SUPPORTED_ARCHS = tuple(CONFIG_CLASSES)
+
+
+def config_class(arch: str) -> type[PretrainedConfig]:
+    """The transformers config class of a supported GGUF architecture (``KeyError`` otherwise)."""
+    import transformers
+
+    return getattr(transformers, CONFIG_CLASSES[arch])
 _ROPE_SCALING_TYPES = ("linear", "yarn")
 
 
@@ -100,4 +111,4 @@ def config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], vocab_size
     if arch != "qwen2":
         kwargs["head_dim"] = head_dim
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
-    return CONFIG_CLASSES[arch](**kwargs)
+    return config_class(arch)(**kwargs)

@@ -1,4 +1,8 @@
-"""Load a GGUF checkpoint through the conversion cache (see cache.py)."""
+"""Load a GGUF checkpoint through the conversion cache (see cache.py).
+
+A load from a complete cache entry reads config.json, the saved tokenizer and the safetensors
+header only, so gguf (and the GGUF parsing modules) are imported only when a file is converted.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,8 @@ import functools
 import logging
 import os
 
-import torch
-from safetensors import safe_open
-from transformers import AutoConfig, AutoTokenizer
-
 from .cache import build_entry, entry_dir, is_complete, source_key
-from .gguf_config import config_from_gguf, gguf_architecture
-from .gguf_meta import gguf_metadata, open_gguf
-from .gguf_tensors import iter_planned, tensor_plan
 from .model_files import ModelFiles
-from .safetensors_writer import write_safetensors
 from .tokenizer import load_tokenizer, tokenizer_from_gguf
 
 log = logging.getLogger(__name__)
@@ -24,6 +20,9 @@ WEIGHTS = "model.safetensors"
 
 def _from_cache(path: str, entry: str, tokenizer: str | None) -> ModelFiles | None:
     """The ModelFiles of a complete cache entry, or None (logged) when any part fails to read."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
     weights = os.path.join(entry, WEIGHTS)
     try:
         config = AutoConfig.from_pretrained(entry)
@@ -45,6 +44,13 @@ def _convert(path: str, key: dict, tokenizer: str | None) -> ModelFiles:
     When the cache cannot be written (OSError), weights are dequantized from the GGUF on each
     ``iter_weights`` instead.
     """
+    import torch
+
+    from .gguf_config import config_from_gguf, gguf_architecture
+    from .gguf_meta import gguf_metadata, open_gguf
+    from .gguf_tensors import iter_planned, tensor_plan
+    from .safetensors_writer import write_safetensors
+
     reader = open_gguf(path)
     meta = gguf_metadata(reader)
     arch = gguf_architecture(meta, path)

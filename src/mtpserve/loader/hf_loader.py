@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-from transformers import AutoConfig
-
 from .model_files import ModelFiles
 from .tokenizer import load_tokenizer
 
@@ -45,6 +43,8 @@ def load_hf_dir(folder: str, tokenizer: str | None = None) -> ModelFiles:
     Raises:
         FileNotFoundError: no ``config.json``, no weights, a missing shard, or no tokenizer files.
     """
+    from transformers import AutoConfig
+
     folder = os.path.abspath(folder)
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise FileNotFoundError(f"{folder}: no config.json")

@@ -1,13 +1,25 @@
-"""load_model_files: resolve a model argument (None, .gguf file, HF directory) and load it."""
+"""load_model_files: resolve a model argument (None, .gguf file, HF directory) and load it.
+
+The GGUF loader (gguf, numpy) is imported only when a GGUF is loaded, and transformers only when
+a checkpoint is read, not when this module is imported.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .default_model import default_model_path
-from .gguf_loader import load_gguf
-from .hf_loader import SINGLE_FILE, INDEX_FILE, load_hf_dir
-from .model_files import ModelFiles
+from .hf_loader import INDEX_FILE, SINGLE_FILE, load_hf_dir
+
+if TYPE_CHECKING:
+    from .model_files import ModelFiles
+
+
+def _load_gguf(path: str, tokenizer: str | None) -> ModelFiles:
+    from .gguf_loader import load_gguf
+
+    return load_gguf(path, tokenizer)
 
 
 def _load_dir(folder: str, tokenizer: str | None) -> ModelFiles:
@@ -17,7 +29,7 @@ def _load_dir(folder: str, tokenizer: str | None) -> ModelFiles:
         return load_hf_dir(folder, tokenizer)
     ggufs = sorted(n for n in os.listdir(folder) if n.endswith(".gguf"))
     if len(ggufs) == 1:
-        return load_gguf(os.path.join(folder, ggufs[0]), tokenizer)
+        return _load_gguf(os.path.join(folder, ggufs[0]), tokenizer)
     if len(ggufs) > 1:
         raise ValueError(f"{folder}: holds several .gguf files {ggufs}; pass one file")
     if has_config:
@@ -48,4 +60,4 @@ def load_model_files(model: str | None, tokenizer: str | None = None) -> ModelFi
         return _load_dir(os.path.abspath(path), tokenizer)
     if not path.endswith(".gguf"):
         raise ValueError(f"{path}: a model file must be .gguf (or pass an HF directory)")
-    return load_gguf(path, tokenizer)
+    return _load_gguf(path, tokenizer)

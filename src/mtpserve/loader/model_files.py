@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import torch
-from safetensors import safe_open
-from transformers import PretrainedConfig, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # imported where weights are read, not with the module
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-WeightStream = Iterator[tuple[str, torch.Tensor]]
+WeightStream = Iterator["tuple[str, torch.Tensor]"]
 
 
 def iter_safetensors(path: str) -> WeightStream:
     """Yield ``(name, tensor)`` for each tensor of one safetensors file, one at a time, on CPU in
     the stored dtype (names in the file's sorted order)."""
+    from safetensors import safe_open
+
     with safe_open(path, framework="pt", device="cpu") as f:
         for name in f.keys():
             yield name, f.get_tensor(name)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-from .gguf_meta import gguf_metadata, open_gguf
+if TYPE_CHECKING:  # transformers (and gguf, for GGUF files) are imported when a tokenizer loads
+    from transformers import PreTrainedTokenizerBase
 
 # Any of these marks a directory as holding a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -33,6 +32,8 @@ def apply_gguf_metadata(tok: PreTrainedTokenizerBase, meta: Mapping[str, Any]) -
 def tokenizer_from_gguf(path: str, meta: Mapping[str, Any]) -> PreTrainedTokenizerBase:
     """The fast tokenizer that transformers builds from a GGUF's vocab and merges (~7 s for SmolLM2),
     with ``apply_gguf_metadata`` applied. ``meta`` is the file's ``gguf_metadata``."""
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
     apply_gguf_metadata(tok, meta)
     return tok
@@ -45,10 +46,14 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
         FileNotFoundError: when ``path`` does not exist or a directory holds no tokenizer files.
     """
     if os.path.isfile(path) and path.endswith(".gguf"):
+        from .gguf_meta import gguf_metadata, open_gguf
+
         return tokenizer_from_gguf(path, gguf_metadata(open_gguf(path)))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer path {path!r} is neither a directory nor a .gguf file")
     if not has_tokenizer_files(path):
         raise FileNotFoundError(f"{path}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
                                 f"pass a tokenizer path")
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path)
