@@ -13,6 +13,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -140,6 +142,18 @@ def test_second_load_reads_the_cache(smol_first, cache_root, monkeypatch):
         "chat_template.jinja", "config.json", "model.safetensors", "mtpserve-cache.json",
         "tokenizer.json", "tokenizer_config.json"]
     assert again.hf_config.to_dict() == smol_first.hf_config.to_dict()
+
+
+def test_cached_gguf_loads_without_importing_gguf(smol_first, cache_root):
+    """A load from the cache reads config.json, the tokenizer and a safetensors header only."""
+    code = ("import json, sys\nfrom mtpserve.loader import load_model_files\n"
+            f"f = load_model_files({smol_first.source!r})\n"
+            f"assert f.cache_dir == {smol_first.cache_dir!r}\n"
+            "print(json.dumps([m for m in ('gguf', 'mtpserve.loader.gguf_meta') if m in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MTPSERVE_CACHE_DIR": str(cache_root)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
 TEXTS = ["Hello, world!", "  leading spaces and\ttabs\nnewlines", "naïve café — 東京 🚀 ½",
