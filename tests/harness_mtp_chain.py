@@ -30,15 +30,17 @@ class Budgets:
     def forget(self, seq) -> None: ...
 
 
-def mtp_llm(path, use_chain: bool, k: int, **engine) -> tuple[LLM, list]:
+def mtp_llm(path, use_chain: bool, k: int, ahead: bool = False, **engine) -> tuple[LLM, list]:
     """An MTP engine (``engine``: LLM keyword arguments) drafting k tokens with the Budgets
-    policy, through the chain or (``use_chain`` False) the step loop. Returns it and the log
-    its draft calls fill: per call, (request id, budget, drafts, greedy) of each sequence asked,
-    and the rows the chain drafted (0: the loop ran)."""
+    policy, through the chain or (``use_chain`` False) the step loop, drafting ahead
+    (spec/draft_ahead.py) only with ``ahead``. Returns it and the log its draft calls fill: per
+    call, (request id, budget, drafts, greedy) of each sequence asked, and the rows the chain
+    drafted (0: the loop ran)."""
     llm = LLM(str(path), speculative_algorithm="nextn", speculative_num_steps=k,
               speculative_adaptive=False, **engine)
     proposer = llm.engine.proposer
     proposer.policy, proposer.use_chain = Budgets(k), use_chain
+    proposer.draft_ahead = ahead
     log, draft, chain_run = [], proposer.draft, proposer.chain.run
     used = []
 

@@ -219,6 +219,37 @@ def test_mtp_chain_graphs_draft_as_the_step_loop(tmp_path):
     assert len(log) == len(loop_log) and all(rows for _, rows in log)
 
 
+def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
+    """Tiny hybrid (float32) on CUDA, captured graphs: drafting ahead (spec/draft_ahead.py:
+    acceptance on the device, observe over every verified position, the chain's layout picked
+    on the device) proposes, step after step, the drafts of the usual step, and both generate
+    the CPU's plain greedy tokens."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
+    from hybrid_checkpoint import write_checkpoint
+    from test_draft_ahead import engine
+
+    from mtpserve import LLM, SamplingParams
+
+    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
+    path = str(write_checkpoint(tmp_path / "tiny", hf, random_mtp_weights(hf)))
+    prompts = [[5, 9, 33, 2, 71], list(range(2, 40)), [100, 101, 102] * 5, [7] * 3]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (8, 11, 17, 23)]
+    kw = dict(max_model_len=256, num_kv_blocks=64, block_size=16)
+    cpu = [r.outputs[0].token_ids for r in LLM(path, device="cpu", dtype="float32", **kw)
+           .generate(prompts, params)]
+    logs = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead, device="cuda", **kw)
+        assert llm.engine.proposer.chain.graphs is not None
+        assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == cpu
+        logs[ahead] = log
+        assert (counts["used"] > 0) == ahead
+    assert logs[True] == logs[False]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_kernels_match_their_torch_references(dtype):
     """Each layer on CUDA (Triton) against the same layer on the CPU (plain PyTorch)."""
