@@ -123,6 +123,41 @@ def _check_rms_norm_layer(device) -> dict:
     return worst
 
 
+# ---- gated RMSNorm of a Gated DeltaNet layer's output --------------------------------------------
+def check_gated_rms_norm(device) -> dict:
+    """``fused_triton.gated_rms_norm``, through the ``GatedRMSNorm`` layer, against the layer's
+    CPU path: z a strided view of a wider projection (as the layer passes it), head dims 128 and
+    80 (not a power of two), float32 and bfloat16 (three roundings: after the norm, after the
+    weight, at the end; a one-ulp flip in the first two can move the result by a few ulps)."""
+    from mtpserve.layers import linear_attention
+    from mtpserve.layers.linear_attention import GatedRMSNorm
+
+    worst = {}
+    g = _gen(5)
+    for dtype in DTYPES:
+        for T, heads, D in ((1, 32, 128), (7, 4, 80)):
+            norm = GatedRMSNorm(D, 1e-6)
+            norm.weight.data.normal_(1.0, 0.3, generator=g)
+            norm = norm.to(dtype)
+            x = torch.randn(T, heads, D, generator=g).to(dtype)
+            proj = torch.randn(T, 2 * heads * D + 3, generator=g).to(dtype)
+            ref = norm(x, proj[:, 3:3 + heads * D].view(T, heads, D))
+            dev_proj = proj.to(device)
+            z = dev_proj[:, 3:3 + heads * D].view(T, heads, D)
+            assert T == 1 or z.stride(0) == 2 * heads * D + 3
+            saved = linear_attention.use_triton
+            linear_attention.use_triton = lambda t: True
+            try:
+                with interpreter_rounding(device):
+                    out = norm.to(device)(x.to(device), z)
+            finally:
+                linear_attention.use_triton = saved
+                norm.cpu()
+            _assert_close(out, ref, dtype, per_value=False)
+            _record(worst, dtype, "gated_rms_norm_vs_cpu", out, ref)
+    return worst
+
+
 # ---- fused q/k RMSNorm + RoPE + KV-cache write ---------------------------------------------------
 QK_SHAPES = [  # (Hq, Hkv, head_dim, rotary_dim, q/k norm, zero-centred norm)
     (9, 3, 64, 64, True, False), (9, 3, 64, 64, False, False),

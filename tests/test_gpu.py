@@ -337,6 +337,12 @@ def test_fused_add_rms_norm_matches_torch():
     print(_fused_check().check_fused_add_rms_norm("cuda"))
 
 
+def test_fused_gated_rms_norm_matches_torch():
+    """The Gated DeltaNet output norm (rmsnorm * weight * silu(z)) in one kernel against the
+    layer's PyTorch path on the CPU, z strided as the layer passes it."""
+    print(_fused_check().check_gated_rms_norm("cuda"))
+
+
 def test_fused_qk_norm_rope_kv_write_matches_torch():
     """q/k RMSNorm + RoPE + KV-cache write in one kernel against the PyTorch ops, several head
     shapes, partial rotary, with and without q/k norms; unaddressed cache slots unchanged."""

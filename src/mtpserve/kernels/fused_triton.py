@@ -1,6 +1,6 @@
 """Fused elementwise kernels for CUDA (Triton): RMSNorm (Zhang & Sennrich 2019), residual add +
-RMSNorm, SiLU-and-mul, rotary embedding (RoPE; Su et al. 2021), and per-head q/k RMSNorm + RoPE +
-KV-cache write of an attention block.
+RMSNorm, SiLU-and-mul, rotary embedding (RoPE; Su et al. 2021), per-head q/k RMSNorm + RoPE +
+KV-cache write of an attention block, and the gated RMSNorm of a Gated DeltaNet layer's output.
 
 Each replaces several PyTorch kernels with one, which matters inside a CUDA graph of a small
 model where a decode step is mostly many tiny kernels. The plain-PyTorch versions in
@@ -301,3 +301,45 @@ def _check_qkv_layout(qkv, width, rot, D, k_cache, v_cache, num_kv_heads, q_weig
                              f"[slots, {num_kv_heads}, {D}] with unit stride in the last two dims")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("q_weight and k_weight go together (both or neither)")
+
+
+@triton.jit
+def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, o_ptr, sx, sz_t, sz_h, so, heads, n, eps,
+                           BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    t, h = row // heads, row % heads
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + t * sz_t + h * sz_h + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = o_ptr.dtype.element_ty
+    normed = (x * _rms_scale(x, n, eps)).to(dt).to(tl.float32)
+    weighted = (w * normed).to(dt).to(tl.float32)
+    y = weighted * (z / (1.0 + tl.exp(-z)))
+    tl.store(o_ptr + row * so + cols, y.to(dt), mask=mask)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """``rmsnorm(x) * weight * silu(z)`` per head, as ``layers.linear_attention.GatedRMSNorm``
+    computes it (rounded to x's dtype after the norm, after the weight, at the end).
+
+    Args:
+        x: [T, Hv, D] (any float dtype; a copy when its last two dims are not contiguous);
+        z: [T, Hv, D], unit stride along D (a strided view of the in_proj output is fine);
+        weight: [D] in x's dtype; eps: the norm's epsilon.
+
+    Returns:
+        [T, Hv, D] in x's dtype.
+    """
+    T, heads, n = x.shape
+    x2 = _rows(x)
+    if z.stride(-1) != 1:
+        z = z.contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    _gated_rms_norm_kernel[(T * heads,)](x2, z, weight, out, x2.stride(0), z.stride(0),
+                                         z.stride(1), out.stride(0), heads, n, eps,
+                                         BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
+    return out.view(T, heads, n)

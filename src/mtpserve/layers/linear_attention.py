@@ -89,6 +89,10 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3 and use_triton(x):   # one kernel (kernels/fused_triton.py)
+            from mtpserve.kernels.fused_triton import gated_rms_norm
+
+            return gated_rms_norm(x, z, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * h.to(x.dtype) * F.silu(z.float())).to(x.dtype)
