@@ -5,6 +5,7 @@ Triton compiles, CUDA graph capture, warm-up). Each start gets its own Triton ca
 ``--starts 2`` gives a fresh machine (empty cache) and then a restart (the same cache, warm).
 
     python benchmarks/gpu_ready.py --shape qwen3-1.7b [--starts 2] [--json out.json]
+        [--log-dir DIR]   # each start's server log (timestamped lines: where the time goes)
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def main() -> None:
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                     help="more server flags (e.g. --speculative-algorithm nextn)")
     ap.add_argument("--json")
+    ap.add_argument("--log-dir", help="keep each start's server log here (start-N.log)")
     a = ap.parse_args()
+    if a.log_dir:
+        os.makedirs(a.log_dir, exist_ok=True)
     ckpt = tempfile.mkdtemp(prefix=f"ckpt-{a.shape}-")
     t = time.perf_counter()
     write_checkpoint(a.shape, ckpt)
@@ -52,7 +56,8 @@ def main() -> None:
     ready = []
     for i in range(a.starts):
         t = time.perf_counter()
-        with ServerProcess(flags, ready_timeout_s=300):
+        log = os.path.join(a.log_dir, f"start-{i + 1}.log") if a.log_dir else None
+        with ServerProcess(flags, ready_timeout_s=300, log_path=log):
             ready.append(time.perf_counter() - t)
         print(f"{a.shape}: start {i + 1} ({'empty' if i == 0 else 'warm'} Triton cache) ready "
               f"after {ready[-1]:.1f} s")
