@@ -1,0 +1,283 @@
+"""Drafting ahead (spec/draft_ahead.py) where a step must not, or must stop short: stops inside
+accepted blocks, min_tokens, logprobs, requests arriving and aborted mid-generation, waiting
+requests, a shadow KV pool too small, an FR-Spec token map, padded chain "graphs" with drafts
+accepted, and a draft-length policy that changes budgets every step. On the CPU, over the tiny
+trained hybrid (drafts get accepted): the output equals plain decoding's and the engine's without
+drafting ahead, token for token (and text, finish reason, logprobs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness_hybrid import one_thread_module  # noqa: F401 (a fixture)
+from harness_mtp_chain import Budgets
+from mtpserve import LLM, SamplingParams
+from test_draft_ahead import KW, engine, plain
+from test_mtp_chain import eager_chain_graphs
+from trained_hybrid import held_out_prompts, trained_hybrid_dir
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+
+def results(llm: LLM, prompts, params) -> list[tuple]:
+    """Per prompt: (token ids, text, finish reason, stop reason, logprobs)."""
+    return [(o.token_ids, o.text, o.finish_reason, o.stop_reason, o.logprobs)
+            for o in (r.outputs[0] for r in llm.generate(prompts, params))]
+
+
+def ahead_and_not(prompts, params, setup=None, **kw) -> dict:
+    """Per ahead in (True, False): (results, draft log, counts); ``setup(llm)`` runs first."""
+    out = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(trained_hybrid_dir(), ahead, **kw)
+        if setup is not None:
+            setup(llm)
+        out[ahead] = (results(llm, prompts, params), log, counts)
+    return out
+
+
+def check(out: dict, want: list[tuple]) -> None:
+    """Both engines gave plain decoding's ``want`` (logprobs: each other's; a verify batch's
+    float32 sums differ from a decode step's in the last bits) from the same drafts, and the
+    one drafting ahead did so on some steps."""
+    (res, log, counts), (res0, log0, _) = out[True], out[False]
+    assert res == res0
+    assert [r[:4] for r in res] == [w[:4] for w in want]
+    assert all((r[4] is None) == (w[4] is None) for r, w in zip(res, want))
+    assert log == log0
+    assert counts["ahead"] > 0 and counts["used"] > 0
+
+
+def greedy_outputs(n: int = 6, max_tokens: int = 16) -> tuple[list, list[list[int]]]:
+    prompts = held_out_prompts(n, 6)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return prompts, plain(trained_hybrid_dir(), prompts, params)
+
+
+def test_stop_tokens_and_strings_inside_accepted_blocks():
+    """Each request stops at a token of its plain output, 4 to 8 in: a stop token, a stop string
+    (one that may match inside a word), or an EOS id (set on the engine). Requests finish in steps
+    that went ahead, their drafts made ahead dropped while the others go on."""
+    prompts, full = greedy_outputs()
+    stops = [out[3 + i % 5] for i, out in enumerate(full)]
+    params = []
+    for i, t in enumerate(stops):
+        if i % 3 == 0:
+            params.append(SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=[t]))
+        elif i % 3 == 1:
+            stop = f"w{t} " if i % 2 else f" w{t}"
+            params.append(SamplingParams(max_tokens=16, temperature=0.0, stop=[stop],
+                                         include_stop_str_in_output=i % 2 == 0))
+        else:
+            params.append(SamplingParams(max_tokens=16, temperature=0.0))
+    finished_ahead = []
+
+    def setup(llm):
+        llm.engine.eos_token_ids = tuple(stops[2::3])
+        p = llm.engine.proposer
+        observed = p._observed_ahead
+
+        def counted(items):
+            finished_ahead.append(len(p.ahead.rows) - len(items))
+            return observed(items)
+
+        p._observed_ahead = counted
+
+    base = LLM(str(trained_hybrid_dir()), **KW)
+    base.engine.eos_token_ids = tuple(stops[2::3])
+    want = results(base, prompts, params)
+    assert [w[2] for w in want] == ["stop"] * len(prompts)
+    check(ahead_and_not(prompts, params, setup), want)
+    assert sum(finished_ahead) >= 3
+
+
+def record_ahead(seen: list):
+    """A ``setup`` for :func:`ahead_and_not`: each step that goes ahead appends, per sequence it
+    verifies, (params, tokens generated so far) to ``seen``."""
+    def setup(llm):
+        p = llm.engine.proposer
+        go = p.verify_ahead
+
+        def went(sched, *a):
+            out = go(sched, *a)
+            if out is not None:
+                seen.extend((s.seq.params, len(s.seq.output_token_ids)) for s in sched.scheduled)
+            return out
+
+        p.verify_ahead = went
+
+    return setup
+
+
+def test_min_tokens_keeps_the_usual_step_until_reached():
+    """min_tokens bans the stop token before it is reached (the targets are then not the raw
+    argmax): no step goes ahead while a request is below it, steps after it do."""
+    prompts, full = greedy_outputs(3)
+    params = [SamplingParams(max_tokens=16, temperature=0.0, min_tokens=8,
+                             stop_token_ids=[out[2], out[10]]) for out in full]
+    want = results(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    seen = []
+    check(ahead_and_not(prompts, params, record_ahead(seen)), want)
+    assert all(w[0][2] != f[2] for w, f in zip(want, full))   # the ban changed the output
+    assert seen and all(n >= p.min_tokens for p, n in seen)
+
+
+@pytest.mark.parametrize("row, special, differs_at", [
+    (0, "bias", 5), (1, dict(repetition_penalty=5.0), 25)], ids=["logit-bias", "penalty"])
+def test_logit_bias_and_penalties_keep_the_usual_step(row, special, differs_at):
+    """A greedy request whose target choice is not the raw argmax (a bias that bans a token of
+    its plain output; a repetition penalty that changes it once its progression comes back to
+    the prompt's tokens): no step goes ahead while it runs, the plain greedy one alone does."""
+    prompts, full = greedy_outputs(2, 30)
+    if special == "bias":
+        special = dict(logit_bias={full[row][differs_at]: -100})
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, **special),
+              SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)]
+    prompts = [prompts[row], held_out_prompts(3, 6)[2]]
+    want = results(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    got, plain_out = want[0][0], full[row]
+    assert got[:differs_at] == plain_out[:differs_at] and got[differs_at] != plain_out[differs_at]
+    seen = []
+    check(ahead_and_not(prompts, params, record_ahead(seen)), want)
+    assert seen and all(p == params[1] for p, _ in seen)
+
+
+def test_logprobs_equal_without_drafting_ahead():
+    prompts, _ = greedy_outputs(4)
+    params = [SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, logprobs=n)
+              for n in (0, 2, None, 5)]
+    want = results(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    check(ahead_and_not(prompts, params), want)
+
+
+def drive(llm: LLM, arrivals: dict[int, list], aborts: dict[int, list[str]]):
+    """Step ``llm``'s engine, adding ``arrivals[step]`` ((id, prompt, params) each) and
+    aborting ``aborts[step]`` before that step. Returns each request's token ids and the
+    aborted requests that had drafts made ahead for the next step."""
+    eng, out, step, dropped = llm.engine, {}, 0, []
+    while step <= max(arrivals) or eng.has_unfinished_requests():
+        for rid, prompt, params in arrivals.get(step, []):
+            eng.add_request(rid, prompt, params)
+            out[rid] = []
+        for rid in aborts.get(step, []):
+            made = eng.proposer._ahead_drafts
+            dropped += [rid] if made is not None and rid in made[1] else []
+            eng.abort_request(rid)
+        for o in eng.step():
+            out[o.request_id].extend(o.new_token_ids)
+        step += 1
+    return out, dropped
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 2])
+def test_requests_arriving_and_aborted_while_others_verify(max_num_seqs):
+    """Prefills join verify steps (no step goes ahead then), a request is aborted right after a
+    step that drafted for it ahead, and (2 at a time) requests wait for a free place."""
+    prompts = held_out_prompts(6, 6)
+    params = SamplingParams(max_tokens=18, temperature=0.0, ignore_eos=True)
+    arrivals = {0: [("a", prompts[0], params), ("b", prompts[1], params)],
+                3: [("c", prompts[2], params)], 4: [("d", prompts[3], params)],
+                7: [("e", prompts[4], params), ("f", prompts[5], params)]}
+    aborts = {6: ["b"]}
+    kw = dict(max_num_seqs=max_num_seqs)
+    want = dict(zip("acdef", plain(trained_hybrid_dir(), [prompts[i] for i in (0, 2, 3, 4, 5)],
+                                   params, **kw)))
+    got = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(trained_hybrid_dir(), ahead, **kw)
+        ids, dropped = drive(llm, arrivals, aborts)
+        got[ahead] = (ids, log)
+        assert dropped == (["b"] if ahead else [])
+        if ahead:
+            assert counts["ahead"] > 0 and counts["used"] > 0
+    ids, ids0 = got[True][0], got[False][0]
+    assert {r: ids[r] for r in want} == want and {r: ids0[r] for r in want} == want
+    assert ids["b"] == ids0["b"] and 0 < len(ids["b"]) < 18
+    assert got[True][1] == got[False][1]
+
+
+def test_a_shadow_pool_too_small_breaks_drafting_not_output():
+    """8 blocks of 4 for 4 requests of up to 26 tokens: the target preempts, and the MTP's
+    shadows (their own pool of the same size) run out of blocks, ahead or not."""
+    prompts = held_out_prompts(4, 6)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    kw = dict(max_model_len=32, num_kv_blocks=8)
+    want = plain(trained_hybrid_dir(), prompts, params, **kw)
+    for ahead in (True, False):
+        llm, _, counts = engine(trained_hybrid_dir(), ahead, **kw)
+        p = llm.engine.proposer
+        broken, brk = [], p._break
+        p._break = lambda st: (broken.append(st.shadow.request_id), brk(st))
+        assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == want
+        assert llm.engine.scheduler.num_preemptions > 0 and broken
+        if ahead:
+            assert counts["ahead"] > 0
+
+
+def test_fr_spec_token_map(tmp_path):
+    """A map without some tokens the MTP would draft: drafts ahead come from the map's head."""
+    prompts, full = greedy_outputs(4)
+    emitted = sorted({t for out in full for t in out})
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(emitted[: len(emitted) * 3 // 4]))
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    want = results(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    out = ahead_and_not(prompts, params, speculative_token_map=str(path))
+    check(out, want)
+    kept = set(emitted[: len(emitted) * 3 // 4])
+    assert all(set(d) <= kept for call in out[True][1] for _, d in call)
+
+
+def test_padded_chain_graphs_with_drafts_accepted():
+    """Chain "graphs" (replayed eagerly) of 1, 2, 4 rows: 3 rows pad to 4, and each row's
+    layout is picked on the device from every acceptance's (the trained model accepts 0..k)."""
+    prompts, _ = greedy_outputs(5)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (6, 9, 12, 16, 20)]
+    want = results(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    replays = []
+    check(ahead_and_not(prompts, params,
+                        lambda llm: replays.append(eager_chain_graphs(llm, 4))), want)
+    assert len(replays) == 2 and all(r.get(4, 0) > 0 for r in replays)
+
+
+def test_a_policy_that_changes_budgets_every_step():
+    """Budgets (harness_mtp_chain.py): 0..k drafts per request, changing every step: steps
+    mixing drafting and non-drafting sequences keep the usual path, and drafts made ahead for
+    k are cut to the smaller budget the policy gives next."""
+    prompts, _ = greedy_outputs(3)   # 3 rows of 4 budgets: every 4th step all draw
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    want = results(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+
+    def policy(llm):
+        llm.engine.proposer.policy = Budgets(3)
+
+    check(ahead_and_not(prompts, params, policy), want)
+
+
+def test_a_sequence_left_unscheduled_takes_the_usual_chain_for_all():
+    """A token budget of two full verify steps (4 tokens each) for four requests whose draft
+    budgets change every step (Budgets): some steps go ahead while a running request waits
+    unscheduled, so the next step's drafts made ahead miss it and every drafting sequence takes
+    the usual chain, from the MTP outputs picked ahead."""
+    prompts, _ = greedy_outputs(4)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    kw = dict(max_num_batched_tokens=8)
+    want = results(LLM(str(trained_hybrid_dir()), **{**KW, **kw}), prompts, params)
+    missed = []
+
+    def setup(llm):
+        p = llm.engine.proposer
+        p.policy, from_ahead = Budgets(3), p._from_ahead
+
+        def took(active):
+            ok = from_ahead(active)
+            missed.append(p._ahead_drafts is not None and not ok)
+            return ok
+
+        p._from_ahead = took
+
+    check(ahead_and_not(prompts, params, setup, **kw), want)
+    assert any(missed)
