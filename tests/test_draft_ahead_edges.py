@@ -281,3 +281,23 @@ def test_a_sequence_left_unscheduled_takes_the_usual_chain_for_all():
 
     check(ahead_and_not(prompts, params, setup, **kw), want)
     assert any(missed)
+
+
+def test_a_step_that_cannot_go_ahead_takes_no_shadow_blocks():
+    """Beside a sampling request no step goes ahead: the greedy requests' shadows hold, step
+    after step, the blocks they hold without drafting ahead (none grown for an unused plan)."""
+    prompts = held_out_prompts(3, 6)
+    greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    params = [greedy, greedy, SamplingParams(max_tokens=20, temperature=0.8, seed=1)]
+    blocks = {}
+    for ahead in (True, False):
+        llm, _, counts = engine(trained_hybrid_dir(), ahead)
+        eng, p = llm.engine, llm.engine.proposer
+        for i, (prompt, param) in enumerate(zip(prompts, params)):
+            eng.add_request(str(i), prompt, param)
+        blocks[ahead] = []
+        while eng.has_unfinished_requests():
+            eng.step()
+            blocks[ahead].append({r: len(st.shadow.block_table) for r, st in p.states.items()})
+        assert counts["ahead"] == 0
+    assert blocks[True] == blocks[False]

@@ -33,7 +33,7 @@ import torch
 from mtpserve.engine.block_manager import BlockManager
 from mtpserve.engine.forward_batch import to_device
 from mtpserve.engine.model_runner import ModelRunner
-from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
+from mtpserve.engine.sampler import Sampler, SamplingRow, is_plain_greedy, make_generator
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
@@ -147,25 +147,22 @@ class MTPProposer(Proposer):
         self.ahead = ahead
         return ahead
 
-    def _ahead_work(self, sched: SchedulerOutput, rows_per_token: bool):
+    def _ahead_work(self, sched: SchedulerOutput, rows_per_token: bool
+                    ) -> list[tuple[Sequence, _MTPState, list[int]]] | None:
         """Per scheduled sequence (sequence, MTP state, next budget if v drafts get accepted
-        for v = 0..its drafts) when the step can go ahead, else None. Grows each shadow's
-        blocks for the observe over all its verified positions and the longest chain."""
+        for v = 0..its drafts) when the step can go ahead, else None. Once every sequence
+        qualifies (:func:`_goes_ahead`), grows each shadow's blocks for the observe over all its
+        verified positions and the longest chain; a step that goes the usual way takes none."""
         if not (self.draft_ahead and self.use_chain and rows_per_token and sched.scheduled):
             return None
+        states = [self.states.get(s.seq.request_id) for s in sched.scheduled]
+        if not all(_goes_ahead(s, st) for s, st in zip(sched.scheduled, states)):
+            return None
         work = []
-        for s in sched.scheduled:
-            seq, p = s.seq, s.seq.params
-            st = self.states.get(seq.request_id)
-            if (not s.draft_token_ids or not s.samples or s.num_new_tokens != 1
-                    or not p.greedy or p.logit_bias or p.needs_penalties
-                    or len(seq.output_token_ids) < p.min_tokens or st is None or st.broken
-                    or st.shadow.num_computed_tokens != seq.num_computed_tokens):
-                return None
-            m, L = len(s.draft_token_ids), seq.num_tokens
-            budgets = [min(self.k, max(0, min(seq.max_tokens - len(seq.output_token_ids) - v - 2,
-                                              seq.max_model_len - L - v - 1)))
-                       for v in range(m + 1)]
+        for s, st in zip(sched.scheduled, states):
+            seq, m, L = s.seq, len(s.draft_token_ids), s.seq.num_tokens
+            # propose's budget once v drafts and the bonus token are appended
+            budgets = [min(self.k, max(0, seq.room_for_drafts - v - 1)) for v in range(m + 1)]
             need = max([L + m] + [L + v - 1 + max(b, 1) for v, b in enumerate(budgets)])
             if not self.bm.allocate(st.shadow, need):
                 return None
@@ -371,6 +368,18 @@ class MTPProposer(Proposer):
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
+
+
+def _goes_ahead(s: ScheduledSeq, st: _MTPState | None) -> bool:
+    """Whether ``s``'s verify step can go ahead: it verifies drafts after its newest token, the
+    target's choice at each of its rows is the raw argmax (``is_plain_greedy``: greedy, no
+    bias, penalties or min_tokens ban; row 0 decides, the drafts only add output tokens), and
+    its MTP state (``st``) is sound and in step with it."""
+    seq = s.seq
+    return (bool(s.draft_token_ids) and s.samples and s.num_new_tokens == 1
+            and is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
+            and st is not None and not st.broken
+            and st.shadow.num_computed_tokens == seq.num_computed_tokens)
 
 
 def _chain_row(seq: Sequence, st: _MTPState, budgets: list[int], v: int) -> ChainRow:
