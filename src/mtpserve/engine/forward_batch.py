@@ -56,3 +56,28 @@ def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> to
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor's values on their way to the host. On CUDA a non-blocking copy into
+    pinned memory is queued at construction, right behind the work that makes them, with an
+    event after it: :meth:`tolist` then waits for that copy alone, not for work queued later.
+    Elsewhere the tensor itself is read.
+
+    Args:
+        x: the tensor (any shape and dtype).
+    """
+
+    def __init__(self, x: torch.Tensor):
+        self._host, self._ready = x, None
+        if x.is_cuda:
+            self._host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            self._host.copy_(x, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def tolist(self) -> list:
+        """The values as (nested) Python numbers (on CUDA: once the copy has run)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()

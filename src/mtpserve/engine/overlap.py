@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtpserve.engine.forward_batch import ForwardBatch, to_device
+from mtpserve.engine.forward_batch import ForwardBatch, HostCopy, to_device
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sampler import SamplerOutput
 from mtpserve.sampling_params import SamplingParams
@@ -51,8 +51,7 @@ class PendingStep:
 
     ``sched``: the step's schedule; ``sampling``: its (scheduled sequence, logits row) pairs in
     row order; ``tokens``: sampled ids ``[N]`` int64 on the device (the next step reads them
-    there); ``host``: their copy ``[N]`` (pinned on CUDA, filled asynchronously); ``ready``: a
-    CUDA event recorded after the copy (None on the CPU); ``logprobs``: per row, as the sampler
+    there); ``host``: their copy on its way to the host; ``logprobs``: per row, as the sampler
     returned them; ``row_of``: request id -> row; ``launched_at``: perf_counter seconds when
     the engine call that launched it began.
     """
@@ -60,8 +59,7 @@ class PendingStep:
     sched: SchedulerOutput
     sampling: list[tuple[ScheduledSeq, int]]
     tokens: torch.Tensor
-    host: torch.Tensor
-    ready: torch.cuda.Event | None
+    host: HostCopy
     logprobs: list | None
     row_of: dict[str, int]
     launched_at: float
@@ -71,22 +69,15 @@ class PendingStep:
                result: SamplerOutput, launched_at: float) -> "PendingStep":
         """Start copying ``result.token_ids`` to the host and give each sampling sequence its
         placeholder token."""
-        tokens, ready = result.token_ids, None
-        host = tokens
-        if tokens.is_cuda:
-            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
+        tokens = result.token_ids
+        host = HostCopy(tokens)
         for s, _ in sampling:
             s.seq.add_placeholder()
         row_of = {s.seq.request_id: i for i, (s, _) in enumerate(sampling)}
-        return cls(sched, sampling, tokens, host, ready, result.logprobs, row_of, launched_at)
+        return cls(sched, sampling, tokens, host, result.logprobs, row_of, launched_at)
 
     def token_ids(self) -> list[int]:
         """The sampled ids as a host list (waits for the step's copy)."""
-        if self.ready is not None:
-            self.ready.synchronize()
         return self.host.tolist()
 
 

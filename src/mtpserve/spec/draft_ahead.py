@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from mtpserve.engine.forward_batch import to_device
+from mtpserve.engine.forward_batch import HostCopy, to_device
 from mtpserve.engine.sequence import Sequence
 
 
@@ -73,23 +73,16 @@ class AheadStep:
                  starts: list[int]):
         self.rows = {s.request_id: i for i, s in enumerate(seqs)}
         self.starts = starts
-        both = torch.cat([targets, accepted])
         self._T = targets.shape[0]
-        self._host, self._ready = both, None
-        if both.is_cuda:
-            self._host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
-            self._host.copy_(both, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
+        # queued now: reading it waits for the acceptance, not for what is launched after it
+        self._copy = HostCopy(torch.cat([targets, accepted]))
         self._values: list[int] | None = None
         self.hidden: torch.Tensor | None = None
         self.drafts: torch.Tensor | None = None
 
     def _read(self) -> list[int]:
         if self._values is None:
-            if self._ready is not None:
-                self._ready.synchronize()   # the acceptance only, not what was queued after it
-            self._values = self._host.tolist()
+            self._values = self._copy.tolist()
         return self._values
 
     def targets(self) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from mtpserve.engine.forward_batch import ForwardBatch, to_device
+from mtpserve.engine.forward_batch import ForwardBatch, HostCopy, to_device
 from mtpserve.engine.scheduler import SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 
@@ -37,12 +37,7 @@ class PendingDrafts:
             seq.draft_token_ids = [0] * budget
         # on CUDA the host copy starts now, right behind the chain, and :meth:`resolve` waits
         # for it alone, not for the verify forward queued later
-        self._host, self._ready = drafts, None
-        if drafts.is_cuda:
-            self._host = torch.empty(drafts.shape, dtype=drafts.dtype, pin_memory=True)
-            self._host.copy_(drafts, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
+        self._copy = HostCopy(drafts)
 
     def patch(self, batch: ForwardBatch, sched: SchedulerOutput) -> None:
         """Write the drafts of the scheduled sequences into ``batch.input_ids`` on the device
@@ -67,9 +62,7 @@ class PendingDrafts:
         scheduled drafts, with the real ids (from the copy started at construction: waits for
         the chain, not for the verify forward). Drafted sequences the step left out keep their
         placeholders; nothing reads them before the next ``propose`` clears them."""
-        if self._ready is not None:
-            self._ready.synchronize()
-        values = self._host.tolist()
+        values = self._copy.tolist()
         for s in sched.scheduled:
             row = self.rows.get(s.seq.request_id)
             if row is not None:
