@@ -66,7 +66,8 @@ class AheadStep:
             (``L - 1``).
 
     After construction the proposer sets ``hidden`` (the MTP output at each row's accepted
-    position, [B, H]) and ``drafts`` ([B, m] int64, the next step's chain drafts).
+    position, [B, H]), ``drafts`` ([B, m] int64, the next step's chain drafts) and ``budgets``
+    (per row, the drafts planned for it if v drafts get accepted, v = 0..its drafts).
     """
 
     def __init__(self, targets: torch.Tensor, accepted: torch.Tensor, seqs: list[Sequence],
@@ -79,6 +80,7 @@ class AheadStep:
         self._values: list[int] | None = None
         self.hidden: torch.Tensor | None = None
         self.drafts: torch.Tensor | None = None
+        self.budgets: list[list[int]] = []
 
     def _read(self) -> list[int]:
         if self._values is None:

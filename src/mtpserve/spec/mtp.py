@@ -79,8 +79,9 @@ class MTPProposer(Proposer):
         self.pending: PendingDrafts | None = None   # this step's chain drafts, on the device
         self.ahead: AheadStep | None = None        # the verify step observed ahead, if any
         # drafts the last verify step made ahead: (drafts [B, m] on the device,
-        # request id -> (row, the sequence's token count they were made for))
-        self._ahead_drafts: tuple[torch.Tensor, dict[str, tuple[int, int]]] | None = None
+        # request id -> (row, the sequence's token count they were made for, real drafts in
+        # the row: the chain steps planned for it))
+        self._ahead_drafts: tuple[torch.Tensor, dict[str, tuple[int, int, int]]] | None = None
 
     # ---- after each target step: extend the MTP's cache with the real hidden states -------
     @torch.inference_mode()
@@ -143,6 +144,7 @@ class MTPProposer(Proposer):
         variants = [[_chain_row(seq, st, b, v) for seq, st, b in work]
                     for v in range(max(counts) + 1)]
         steps = max(max(b) for _, _, b in work)
+        ahead.budgets = [b for _, _, b in work]
         ahead.drafts = self.chain.run_variants(ahead.hidden, variants, accepted, max(steps, 1))
         self.ahead = ahead
         return ahead
@@ -186,7 +188,8 @@ class MTPProposer(Proposer):
             st.shadow.token_ids = seq.token_ids[1:]
             st.shadow.num_computed_tokens = start + hidden.shape[0]
             st.last_hidden = ahead.hidden[row]
-            rows[seq.request_id] = (row, seq.num_tokens)
+            budgets = ahead.budgets[row]
+            rows[seq.request_id] = (row, seq.num_tokens, budgets[hidden.shape[0] - 1])
         self._ahead_drafts = (ahead.drafts, rows) if rows else None
         return rest
 
@@ -206,12 +209,11 @@ class MTPProposer(Proposer):
                 active.append((seq, budget, st))
         if not active:
             return
-        if self._from_ahead(active):
-            pass
-        elif self.use_chain and all(seq.params.greedy for seq, _, _ in active):
-            self._draft_chain(active)
-        else:
-            self._draft_loop(active)
+        if not self._from_ahead(active):
+            if self.use_chain and all(seq.params.greedy for seq, _, _ in active):
+                self._draft_chain(active)
+            else:
+                self._draft_loop(active)
         for seq, _, st in active:
             st.shadow.token_ids = seq.token_ids[1:]
             st.shadow.num_computed_tokens = seq.num_tokens - 1   # chained K/V is not kept
@@ -227,14 +229,15 @@ class MTPProposer(Proposer):
         self.pending = PendingDrafts(drafts, [seq for seq, _, _ in active],
                                      [r.budget for r in rows])
 
-    def _from_ahead(self, active) -> bool:
+    def _from_ahead(self, active: list[tuple[Sequence, int, _MTPState]]) -> bool:
         """Take every active sequence's drafts from those the last verify step made ahead
-        (draft_ahead.py), if it made them for all of them at their current length."""
+        (draft_ahead.py), if it made them for all of them at their current length and planned
+        at least the budget asked (steps past a row's plan are dead: never proposed)."""
         if self._ahead_drafts is None:
             return False
         drafts, made = self._ahead_drafts
         rows = [made.get(seq.request_id) for seq, _, _ in active]
-        if any(r is None or r[1] != seq.num_tokens or budget > drafts.shape[1]
+        if any(r is None or r[1] != seq.num_tokens or budget > r[2]
                for r, (seq, budget, _) in zip(rows, active)):
             return False
         self.pending = PendingDrafts(_take(drafts, [r[0] for r in rows]),
