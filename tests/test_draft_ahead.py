@@ -39,6 +39,10 @@ def test_acceptance_is_the_longest_matching_prefix():
     all_match = greedy_acceptance(torch.tensor([7, 8, 9, 3]), torch.tensor([1, 7, 8, 9]),
                                   [0], [3], 3)[0]
     assert all_match.tolist() == [3]
+    # decode rows without drafts (first and last in the batch) accept nothing
+    mixed = greedy_acceptance(torch.tensor([5, 7, 8, 6]), torch.tensor([9, 1, 7, 7]),
+                              [0, 1, 3], [0, 2, 0], 2)[0]
+    assert mixed.tolist() == [0, 1, 0]
 
 
 def engine(path, ahead: bool, **kw):

@@ -41,19 +41,23 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, firsts: li
         input_ids: [T] int64, the batch's input ids (sequence b's token at ``firsts[b]`` is
             its newest one, followed by its ``num_drafts[b]`` drafts).
         firsts: per sequence (B), its first token's index in the batch; num_drafts: its
-            drafts (1..k); k: the most drafts of any sequence.
+            drafts (0..k; 0: a decode row, nothing to accept); k: the most drafts of any
+            sequence (>= 1).
 
     Returns:
         (accepted [B] int64: the longest prefix of drafts with ``draft i == target at i``,
         firsts [B] int64 on the device).
     """
-    B = len(firsts)
-    pos = [f + min(i, m - 1) for f, m in zip(firsts, num_drafts) for i in range(k)]
+    B, n = len(firsts), len(firsts) * k
+    # row i of a sequence compares its target at token cur with the draft at token nxt
+    # (indices kept inside the sequence's tokens where i has no draft: masked out by valid)
+    cur = [f + max(0, min(i, m - 1)) for f, m in zip(firsts, num_drafts) for i in range(k)]
+    nxt = [c + (m > 0) for c, m in zip(cur, (m for m in num_drafts for _ in range(k)))]
     valid = [int(i < m) for m in num_drafts for i in range(k)]
-    up = to_device(pos + valid + firsts, torch.int64, targets.device)
-    pos_t, valid_t = up[:B * k], up[B * k:2 * B * k].bool()
-    match = (input_ids.index_select(0, pos_t + 1) == targets.index_select(0, pos_t)) & valid_t
-    return match.view(B, k).long().cumprod(1).sum(1), up[2 * B * k:]
+    up = to_device(cur + nxt + valid + firsts, torch.int64, targets.device)
+    cur_t, nxt_t, valid_t = up[:n], up[n:2 * n], up[2 * n:3 * n].bool()
+    match = (input_ids.index_select(0, nxt_t) == targets.index_select(0, cur_t)) & valid_t
+    return match.view(B, k).long().cumprod(1).sum(1), up[3 * n:]
 
 
 class AheadStep:

@@ -118,10 +118,10 @@ class MTPProposer(Proposer):
     @torch.inference_mode()
     def verify_ahead(self, sched: SchedulerOutput, batch, hidden: torch.Tensor,
                      logits: torch.Tensor) -> AheadStep | None:
-        """Right after a verify forward is launched: when every scheduled sequence verifies
-        drafts with plain greedy sampling, compute the acceptance on the device, run ``observe``
-        over every verified position and the next step's draft chain from the accepted one,
-        all without a host sync. ``hidden`` [T, H], ``logits`` [T, vocab]: the forward's
+        """Right after a verify forward is launched: when every scheduled sequence decodes with
+        plain greedy sampling (most verifying drafts, some maybe none), compute the acceptance
+        on the device, run ``observe`` over every verified position and the next step's draft
+        chain from the accepted one, all without a host sync. ``hidden`` [T, H], ``logits`` [T, vocab]: the forward's
         outputs for the T tokens of ``batch``. Returns the step (the engine verifies with its
         targets), or None when it does not apply (the step goes the usual way)."""
         work = self._ahead_work(sched, logits.shape[0] == batch.num_tokens)
@@ -158,7 +158,8 @@ class MTPProposer(Proposer):
         if not (self.draft_ahead and self.use_chain and rows_per_token and sched.scheduled):
             return None
         states = [self.states.get(s.seq.request_id) for s in sched.scheduled]
-        if not all(_goes_ahead(s, st) for s, st in zip(sched.scheduled, states)):
+        if not (any(s.draft_token_ids for s in sched.scheduled)    # a verify step
+                and all(_goes_ahead(s, st) for s, st in zip(sched.scheduled, states))):
             return None
         work = []
         for s, st in zip(sched.scheduled, states):
@@ -374,12 +375,13 @@ class MTPProposer(Proposer):
 
 
 def _goes_ahead(s: ScheduledSeq, st: _MTPState | None) -> bool:
-    """Whether ``s``'s verify step can go ahead: it verifies drafts after its newest token, the
-    target's choice at each of its rows is the raw argmax (``is_plain_greedy``: greedy, no
-    bias, penalties or min_tokens ban; row 0 decides, the drafts only add output tokens), and
-    its MTP state (``st``) is sound and in step with it."""
+    """Whether ``s``'s step can go ahead: it decodes its newest token (with drafts after it, or
+    none: policy, room or token budget gave it none this step), the target's choice at each of
+    its rows is the raw argmax (``is_plain_greedy``: greedy, no bias, penalties or min_tokens
+    ban; row 0 decides, the drafts only add output tokens), and its MTP state (``st``) is
+    sound and in step with it."""
     seq = s.seq
-    return (bool(s.draft_token_ids) and s.samples and s.num_new_tokens == 1
+    return (s.samples and s.num_new_tokens == 1
             and is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
             and st is not None and not st.broken
             and st.shadow.num_computed_tokens == seq.num_computed_tokens)
