@@ -6,6 +6,7 @@ Triton compiles, CUDA graph capture, warm-up). Each start gets its own Triton ca
 
     python benchmarks/gpu_ready.py --shape qwen3-1.7b [--starts 2] [--json out.json]
         [--log-dir DIR]   # each start's server log (timestamped lines: where the time goes)
+        [--cprofile PATH]  # then the engine built in this process under cProfile (cache warm)
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main() -> None:
                     help="more server flags (e.g. --speculative-algorithm nextn)")
     ap.add_argument("--json")
     ap.add_argument("--log-dir", help="keep each start's server log here (start-N.log)")
+    ap.add_argument("--cprofile", help="write the 60 costliest calls (cumulative) of building "
+                                       "the engine in this process here")
     a = ap.parse_args()
     if a.log_dir:
         os.makedirs(a.log_dir, exist_ok=True)
@@ -64,6 +67,26 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(shape=a.shape, flags=flags, ready_s=ready), f, indent=1)
+    if a.cprofile:
+        profile_engine(ckpt, a.cprofile)
+
+
+def profile_engine(ckpt: str, path: str) -> None:
+    """Build the engine over ``ckpt`` (as the server's flags above) under cProfile; write the
+    60 calls of most cumulative time to ``path``."""
+    import cProfile
+    import pstats
+
+    from mtpserve import LLM
+
+    pr = cProfile.Profile()
+    t = time.perf_counter()
+    pr.enable()
+    LLM(ckpt, dtype="bfloat16", max_model_len=4096, max_num_seqs=64)
+    pr.disable()
+    print(f"engine built in this process in {time.perf_counter() - t:.1f} s (profiled)")
+    with open(path, "w") as f:
+        pstats.Stats(pr, stream=f).sort_stats("cumtime").print_stats(60)
 
 
 if __name__ == "__main__":
