@@ -17,28 +17,11 @@ import json
 import torch
 import triton
 
+from gpu_gemv import graph_time
 from mtpserve.kernels.fused_moe_triton import MoETiles, fused_experts, moe_tiles
 
 E, K, H, I = 64, 8, 2048, 512
 CALLS = 20
-
-
-def time_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / CALLS)
-    return sorted(times)[2]
 
 
 def sweep():
@@ -71,7 +54,7 @@ def main() -> None:
             except triton.runtime.errors.OutOfResources:   # tiles too large for shared memory
                 continue
             assert (out - ref).abs().max().item() < 1e-2 * ref.abs().max().item() + 1e-3
-            us = time_us(lambda: fused_experts(x, ids, w, gate_up, down, t))
+            us = graph_time(lambda i: fused_experts(x, ids, w, gate_up, down, t), CALLS)
             rows.append((us, t))
         rows.sort(key=lambda r: r[0])
         base = next(us for us, t in rows if t == MoETiles())
