@@ -29,8 +29,55 @@ from __future__ import annotations
 import torch
 
 from mtpserve.engine.forward_batch import HostCopy, to_device
+from mtpserve.engine.sampler import SamplingRow, is_plain_greedy
+from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
+from mtpserve.spec.mtp_chain import ChainRow
 
+
+
+def goes_ahead(s: ScheduledSeq, st) -> bool:
+    """Whether ``s``'s step can go ahead: it decodes its newest token (with drafts after it, or
+    none: policy, room or token budget gave it none this step), the target's choice at each of
+    its rows is the raw argmax (``is_plain_greedy``: greedy, no bias, penalties or min_tokens
+    ban; row 0 decides, the drafts only add output tokens), and its MTP state ``st`` (spec/mtp.py
+    ``_MTPState``, or None) is sound and in step with it."""
+    seq = s.seq
+    return (s.samples and s.num_new_tokens == 1
+            and is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
+            and st is not None and not st.broken
+            and st.shadow.num_computed_tokens == seq.num_computed_tokens)
+
+
+def next_budgets(seq: Sequence, num_drafts: int, k: int) -> list[int]:
+    """Per v = 0..``num_drafts``: the drafts ``seq`` may carry next step if v of its drafts get
+    accepted (propose's budget once v drafts and the bonus token are appended; no policy)."""
+    return [min(k, max(0, seq.room_for_drafts - v - 1)) for v in range(num_drafts + 1)]
+
+
+def shadow_tokens(seq: Sequence, budgets: list[int]) -> int:
+    """Tokens the MTP shadow of ``seq`` (L tokens, ``len(budgets) - 1`` drafts m) must hold
+    blocks for: the observe over positions up to L - 1 + m, and every variant's chain (its
+    last real step at position L + v - 2 + budget)."""
+    L, m = seq.num_tokens, len(budgets) - 1
+    return max([L + m] + [L + v - 1 + max(b, 1) for v, b in enumerate(budgets)])
+
+
+def chain_row(seq: Sequence, block_table: list[int], budgets: list[int], v: int) -> ChainRow:
+    """``seq``'s chain row (its shadow's ``block_table``) if ``v`` of its drafts get accepted
+    (``budgets[v]``: the drafts it may then carry; a budget-0 row still runs one step, unused);
+    a v past its drafts never happens: the row of its last."""
+    v = min(v, len(budgets) - 1)
+    return ChainRow(block_table, seq.num_tokens + v + 1, max(budgets[v], 1))
+
+
+def batch_offsets(sched: SchedulerOutput) -> list[int]:
+    """Each scheduled sequence's first token's index in the flat batch."""
+    out, n = [], 0
+    for s in sched.scheduled:
+        out.append(n)
+        n += s.num_query_tokens
+    return out
 
 def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, firsts: list[int],
                       num_drafts: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:

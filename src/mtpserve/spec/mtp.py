@@ -33,12 +33,13 @@ import torch
 from mtpserve.engine.block_manager import BlockManager
 from mtpserve.engine.forward_batch import to_device
 from mtpserve.engine.model_runner import ModelRunner
-from mtpserve.engine.sampler import Sampler, SamplingRow, is_plain_greedy, make_generator
+from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
-from mtpserve.spec.draft_ahead import AheadStep, greedy_acceptance
+from mtpserve.spec.draft_ahead import (AheadStep, batch_offsets, chain_row, goes_ahead,
+                                       greedy_acceptance, next_budgets, shadow_tokens)
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.pending_drafts import PendingDrafts
@@ -121,27 +122,24 @@ class MTPProposer(Proposer):
         """Right after a verify forward is launched: when every scheduled sequence decodes with
         plain greedy sampling (most verifying drafts, some maybe none), compute the acceptance
         on the device, run ``observe`` over every verified position and the next step's draft
-        chain from the accepted one, all without a host sync. ``hidden`` [T, H], ``logits`` [T, vocab]: the forward's
-        outputs for the T tokens of ``batch``. Returns the step (the engine verifies with its
-        targets), or None when it does not apply (the step goes the usual way)."""
+        chain from the accepted one, all without a host sync. ``hidden`` [T, H], ``logits``
+        [T, vocab]: the forward's outputs for the T tokens of ``batch``. Returns the step (the
+        engine verifies with its targets), or None when it does not apply (the step goes the
+        usual way)."""
         work = self._ahead_work(sched, logits.shape[0] == batch.num_tokens)
         if work is None:
             return None
-        firsts, n = [], 0
-        for s in sched.scheduled:
-            firsts.append(n)
-            n += s.num_query_tokens
         counts = [len(s.draft_token_ids) for s in sched.scheduled]
         targets = logits.argmax(-1)
-        accepted, firsts_t = greedy_acceptance(targets, batch.input_ids, firsts, counts,
-                                               max(counts))
+        accepted, firsts_t = greedy_acceptance(targets, batch.input_ids, batch_offsets(sched),
+                                               counts, max(counts))
         seqs = [s.seq for s in sched.scheduled]
         ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs])
         obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, st, _), m
                                in zip(work, counts)])
         y = self._forward(obs, hidden, input_ids=targets)
         ahead.hidden = y.index_select(0, firsts_t + accepted)
-        variants = [[_chain_row(seq, st, b, v) for seq, st, b in work]
+        variants = [[chain_row(seq, st.shadow.block_table, b, v) for seq, st, b in work]
                     for v in range(max(counts) + 1)]
         steps = max(max(b) for _, _, b in work)
         ahead.budgets = [b for _, _, b in work]
@@ -153,23 +151,21 @@ class MTPProposer(Proposer):
                     ) -> list[tuple[Sequence, _MTPState, list[int]]] | None:
         """Per scheduled sequence (sequence, MTP state, next budget if v drafts get accepted
         for v = 0..its drafts) when the step can go ahead, else None. Once every sequence
-        qualifies (:func:`_goes_ahead`), grows each shadow's blocks for the observe over all its
-        verified positions and the longest chain; a step that goes the usual way takes none."""
+        qualifies (draft_ahead.py ``goes_ahead``), grows each shadow's blocks for the observe
+        over all its verified positions and the longest chain; a step that goes the usual way
+        takes none."""
         if not (self.draft_ahead and self.use_chain and rows_per_token and sched.scheduled):
             return None
         states = [self.states.get(s.seq.request_id) for s in sched.scheduled]
         if not (any(s.draft_token_ids for s in sched.scheduled)    # a verify step
-                and all(_goes_ahead(s, st) for s, st in zip(sched.scheduled, states))):
+                and all(goes_ahead(s, st) for s, st in zip(sched.scheduled, states))):
             return None
         work = []
         for s, st in zip(sched.scheduled, states):
-            seq, m, L = s.seq, len(s.draft_token_ids), s.seq.num_tokens
-            # propose's budget once v drafts and the bonus token are appended
-            budgets = [min(self.k, max(0, seq.room_for_drafts - v - 1)) for v in range(m + 1)]
-            need = max([L + m] + [L + v - 1 + max(b, 1) for v, b in enumerate(budgets)])
-            if not self.bm.allocate(st.shadow, need):
+            budgets = next_budgets(s.seq, len(s.draft_token_ids), self.k)
+            if not self.bm.allocate(st.shadow, shadow_tokens(s.seq, budgets)):
                 return None
-            work.append((seq, st, budgets))
+            work.append((s.seq, st, budgets))
         for (seq, st, _), s in zip(work, sched.scheduled):
             st.shadow.token_ids = seq.token_ids[1:] + [0] * (1 + len(s.draft_token_ids))
         return work
@@ -372,26 +368,6 @@ class MTPProposer(Proposer):
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
-
-
-def _goes_ahead(s: ScheduledSeq, st: _MTPState | None) -> bool:
-    """Whether ``s``'s step can go ahead: it decodes its newest token (with drafts after it, or
-    none: policy, room or token budget gave it none this step), the target's choice at each of
-    its rows is the raw argmax (``is_plain_greedy``: greedy, no bias, penalties or min_tokens
-    ban; row 0 decides, the drafts only add output tokens), and its MTP state (``st``) is
-    sound and in step with it."""
-    seq = s.seq
-    return (s.samples and s.num_new_tokens == 1
-            and is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
-            and st is not None and not st.broken
-            and st.shadow.num_computed_tokens == seq.num_computed_tokens)
-
-
-def _chain_row(seq: Sequence, st: _MTPState, budgets: list[int], v: int) -> ChainRow:
-    """``seq``'s chain row if ``v`` of its drafts get accepted (``budgets[v]``: the drafts it
-    may then carry); a v past its drafts never happens: the row of its last."""
-    v = min(v, len(budgets) - 1)
-    return ChainRow(st.shadow.block_table, seq.num_tokens + v + 1, max(budgets[v], 1))
 
 
 def _take(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
