@@ -206,41 +206,54 @@ class MTPProposer(Proposer):
                 active.append((seq, budget, st))
         if not active:
             return
-        if not self._from_ahead(active):
-            if self.use_chain and all(seq.params.greedy for seq, _, _ in active):
-                self._draft_chain(active)
-            else:
-                self._draft_loop(active)
+        if self.use_chain and all(seq.params.greedy for seq, _, _ in active):
+            self._draft_greedy(active)
+        else:
+            self._draft_loop(active)
         for seq, _, st in active:
             st.shadow.token_ids = seq.token_ids[1:]
             st.shadow.num_computed_tokens = seq.num_tokens - 1   # chained K/V is not kept
 
-    def _draft_chain(self, active) -> None:
-        """Greedy drafts of every active sequence from one layout and (on CUDA) one graph
-        replay (mtp_chain.py), left on the device (spec/pending_drafts.py): no host sync."""
+    def _draft_greedy(self, active) -> None:
+        """Greedy drafts left on the device (spec/pending_drafts.py), no host sync: those the
+        last verify step made ahead where it made them (draft_ahead.py), one chain (mtp_chain.py,
+        on CUDA one graph replay) for the others (sequences just out of prefill, ones the last
+        step left out)."""
+        rows = self._ahead_rows(active)
+        made = [a for a, r in zip(active, rows) if r is not None]
+        rest = [a for a, r in zip(active, rows) if r is None]
+        parts, budgets = [], [budget for _, budget, _ in made]
+        if made:
+            parts.append(_take(self._ahead_drafts[0], [r for r in rows if r is not None]))
+        if rest:
+            drafts, cut = self._chain_drafts(rest)
+            parts.append(drafts)
+            budgets += cut
+        self.pending = PendingDrafts(_stack_rows(parts), [seq for seq, _, _ in made + rest],
+                                     budgets)
+
+    def _chain_drafts(self, active) -> tuple[torch.Tensor, list[int]]:
+        """Greedy drafts [B, m] int64 of ``active`` from one layout and (on CUDA) one graph
+        replay, and each row's budget (cut where the shadow pool ran out of blocks)."""
         rows = [ChainRow(st.shadow.block_table, seq.num_tokens, budget)
                 for seq, budget, st in active]
         self._allocate_chain(active, rows)
         hidden = torch.stack([st.last_hidden for _, _, st in active])
-        drafts = self.chain.run(hidden, rows, max(r.budget for r in rows))
-        self.pending = PendingDrafts(drafts, [seq for seq, _, _ in active],
-                                     [r.budget for r in rows])
+        return self.chain.run(hidden, rows, max(r.budget for r in rows)), [r.budget for r in rows]
 
-    def _from_ahead(self, active: list[tuple[Sequence, int, _MTPState]]) -> bool:
-        """Take every active sequence's drafts from those the last verify step made ahead
-        (draft_ahead.py), if it made them for all of them at their current length and planned
-        at least the budget asked (steps past a row's plan are dead: never proposed)."""
+    def _ahead_rows(self, active: list[tuple[Sequence, int, _MTPState]]) -> list[int | None]:
+        """Per active sequence, its row in the drafts the last verify step made ahead
+        (draft_ahead.py) when it made them at the sequence's current length and planned at
+        least the budget asked (steps past a row's plan are dead: never proposed), else None."""
         if self._ahead_drafts is None:
-            return False
-        drafts, made = self._ahead_drafts
-        rows = [made.get(seq.request_id) for seq, _, _ in active]
-        if any(r is None or r[1] != seq.num_tokens or budget > r[2]
-               for r, (seq, budget, _) in zip(rows, active)):
-            return False
-        self.pending = PendingDrafts(_take(drafts, [r[0] for r in rows]),
-                                     [seq for seq, _, _ in active],
-                                     [budget for _, budget, _ in active])
-        return True
+            return [None] * len(active)
+        made = self._ahead_drafts[1]
+        rows = []
+        for seq, budget, _ in active:
+            r = made.get(seq.request_id)
+            ok = r is not None and r[1] == seq.num_tokens and budget <= r[2]
+            rows.append(r[0] if ok else None)
+        return rows
 
     def patch_inputs(self, batch, sched) -> None:
         if self.pending is not None:
@@ -377,6 +390,15 @@ def _take(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
     if x is None or rows == list(range(x.shape[0])):
         return x
     return x.index_select(0, to_device(rows, torch.int64, x.device))
+
+
+def _stack_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[n_i, m_i] draft tensors one under the other, narrower ones padded with zeros to the
+    widest (a row's budget never reaches its padding)."""
+    if len(parts) == 1:
+        return parts[0]
+    m = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, m - p.shape[1])) for p in parts])
 
 
 def _fill_drafts(drafted: list[Sequence], tokens: list[int]) -> None:
