@@ -224,7 +224,9 @@ class MTPProposer(Proposer):
         rest = [a for a, r in zip(active, rows) if r is None]
         parts, budgets = [], [budget for _, budget, _ in made]
         if made:
-            parts.append(_take(self._ahead_drafts[0], [r for r in rows if r is not None]))
+            ahead = _take(self._ahead_drafts[0], [r for r in rows if r is not None])
+            # a view of a chain graph's static output: the replay below may overwrite it
+            parts.append(ahead.clone() if rest else ahead)
         if rest:
             drafts, cut = self._chain_drafts(rest)
             parts.append(drafts)
