@@ -5,11 +5,13 @@
 #   stage 1 (carry .whl .fixtures/smollm2.part-aa): benchmarks/gpu_session.sh setup
 #   stage 2 (carry .whl .fixtures/smollm2.part-ab): benchmarks/gpu_session.sh run [pytest -k expr]
 #   or, in place of run: hybrid [pytest -k expr] (tests, hybrid MTP with FR-Spec, dense shapes);
-#   ready (no model needed: `mtpserve serve` time to /health 200, fresh and warm Triton cache).
+#   ready (no model needed: `mtpserve serve` time to /health 200, fresh and warm Triton cache,
+#   server logs and an in-process engine profile); mtp (no model needed: MTP / hybrid tests and
+#   benchmarks, about 8 minutes).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests:$PWD/benchmarks PYTHONUNBUFFERED=1
 case "${1:-run}" in
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -34,7 +36,15 @@ hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP, FR-Spec) and 
   timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
-  timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" 2>&1 | tail -3
+  timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \
+    --log-dir "$OUT/logs-1.7b" --cprofile "$OUT/engine-cprofile.txt" 2>&1 | tail -4
   timeout 150 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --json "$OUT/ready-hybrid.json" 2>&1 | tail -2
+  ;;
+mtp)      # no model needed: MTP / hybrid GPU tests, the hybrid benchmark, its step trace, MoE tiles
+  timeout 240 python3 -m pytest -q tests/test_gpu.py -k "ahead or mtp_chain or hybrid or fused or moe or gated or router" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 170 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tail -4
+  mkdir -p "$OUT/trace"
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -2
+  timeout 120 python3 benchmarks/gpu_moe.py --json "$OUT/moe.json" > "$OUT/moe.log" 2>&1; tail -4 "$OUT/moe.log"
   ;;
 esac
