@@ -30,6 +30,16 @@ SHAPES: dict[str, dict] = {
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
                        max_position_embeddings=4096),
+    # a tiny hybrid MoE with one MTP layer: CPU smoke runs of the hybrid benchmarks
+    "tiny-qwen3-next": dict(model_type="qwen3_next", vocab_size=512, hidden_size=64,
+                            intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, full_attention_interval=4,
+                            linear_num_key_heads=2, linear_num_value_heads=4,
+                            linear_key_head_dim=16, linear_value_head_dim=16,
+                            linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                            tie_word_embeddings=False, mtp_num_hidden_layers=1,
+                            max_position_embeddings=4096),
     # Qwen3-Next-like hybrid MoE of ~3B parameters with one MTP layer
     "qwen3-next-3b": dict(model_type="qwen3_next", vocab_size=151936, hidden_size=2048,
                           intermediate_size=5120, num_hidden_layers=12, num_attention_heads=16,
