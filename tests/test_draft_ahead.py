@@ -16,7 +16,7 @@ import torch
 from harness_hybrid import one_thread
 from hybrid_checkpoint import random_mtp_checkpoint
 from mtpserve import LLM, SamplingParams
-from mtpserve.spec.draft_ahead import greedy_acceptance
+from mtpserve.spec.draft_ahead import greedy_acceptance, observe_inputs
 from test_mtp_chain import eager_chain_graphs
 from trained_hybrid import held_out_prompts, trained_hybrid_dir
 
@@ -34,15 +34,31 @@ def test_acceptance_is_the_longest_matching_prefix():
     # three sequences: 3 drafts (first two match), 1 draft (matches), 2 drafts (first differs)
     ids = torch.tensor([50, 7, 8, 9, 60, 5, 70, 4, 4])
     targets = torch.tensor([7, 8, 1, 2, 5, 3, 9, 4, 6])
-    accepted, firsts = greedy_acceptance(targets, ids, [0, 4, 6], [3, 1, 2], 3)
-    assert accepted.tolist() == [2, 1, 0] and firsts.tolist() == [0, 4, 6]
+    firsts = [0, 4, 6]
+    accepted = greedy_acceptance(targets, ids, firsts, firsts, [3, 1, 2], 3)
+    assert accepted.tolist() == [2, 1, 0]
     all_match = greedy_acceptance(torch.tensor([7, 8, 9, 3]), torch.tensor([1, 7, 8, 9]),
-                                  [0], [3], 3)[0]
+                                  [0], [0], [3], 3)
     assert all_match.tolist() == [3]
     # decode rows without drafts (first and last in the batch) accept nothing
     mixed = greedy_acceptance(torch.tensor([5, 7, 8, 6]), torch.tensor([9, 1, 7, 7]),
-                              [0, 1, 3], [0, 2, 0], 2)[0]
+                              [0, 1, 3], [0, 1, 3], [0, 2, 0], 2)
     assert mixed.tolist() == [0, 1, 0]
+    # a prefill chunk of 3 tokens (no logits row) between two verifying sequences: tokens and
+    # logits rows no longer line up
+    ids = torch.tensor([40, 7, 8, 11, 12, 13, 41, 3])
+    targets = torch.tensor([7, 9, 0, 3, 5])
+    assert greedy_acceptance(targets, ids, [0, 3], [0, 6], [2, 1], 2).tolist() == [1, 1]
+
+
+def test_observe_inputs_pick_the_verifying_rows():
+    # the same batch: the observe batch takes the two sequences' rows, not the prefill chunk
+    targets = torch.tensor([7, 9, 0, 3, 5])
+    hidden = torch.arange(8.0).unsqueeze(1)
+    ids, h = observe_inputs(targets, hidden, [0, 6], [0, 3], [2, 1])
+    assert ids.tolist() == [7, 9, 0, 3, 5] and h.flatten().tolist() == [0, 1, 2, 6, 7]
+    ids, h = observe_inputs(targets[3:], hidden[6:], [0], [0], [1])   # the whole batch: views
+    assert ids.data_ptr() == targets[3:].data_ptr() and h.data_ptr() == hidden[6:].data_ptr()
 
 
 def engine(path, ahead: bool, **kw):

@@ -14,6 +14,7 @@ import pytest
 from harness_hybrid import one_thread_module  # noqa: F401 (a fixture)
 from harness_mtp_chain import Budgets
 from mtpserve import LLM, SamplingParams
+from mtpserve.spec.draft_ahead import decodes
 from test_draft_ahead import KW, engine, plain
 from test_mtp_chain import eager_chain_graphs
 from trained_hybrid import held_out_prompts, trained_hybrid_dir
@@ -173,8 +174,9 @@ def drive(llm: LLM, arrivals: dict[int, list], aborts: dict[int, list[str]]):
 
 @pytest.mark.parametrize("max_num_seqs", [8, 2])
 def test_requests_arriving_and_aborted_while_others_verify(max_num_seqs):
-    """Prefills join verify steps (no step goes ahead then), a request is aborted right after a
-    step that drafted for it ahead, and (2 at a time) requests wait for a free place."""
+    """Prefills join verify steps (those steps go ahead for the verifying sequences, the
+    prefill chunks are observed the usual way), a request is aborted right after a step that
+    drafted for it ahead, and (2 at a time) requests wait for a free place."""
     prompts = held_out_prompts(6, 6)
     params = SamplingParams(max_tokens=18, temperature=0.0, ignore_eos=True)
     arrivals = {0: [("a", prompts[0], params), ("b", prompts[1], params)],
@@ -187,11 +189,20 @@ def test_requests_arriving_and_aborted_while_others_verify(max_num_seqs):
     got = {}
     for ahead in (True, False):
         llm, log, counts = engine(trained_hybrid_dir(), ahead, **kw)
+        p, beside = llm.engine.proposer, []
+        went = p.verify_ahead
+
+        def logged(sched, *a):
+            out = went(sched, *a)
+            beside.append(out is not None and not all(decodes(s) for s in sched.scheduled))
+            return out
+
+        p.verify_ahead = logged
         ids, dropped = drive(llm, arrivals, aborts)
         got[ahead] = (ids, log)
         assert dropped == (["b"] if ahead else [])
         if ahead:
-            assert counts["ahead"] > 0 and counts["used"] > 0
+            assert counts["ahead"] > 0 and counts["used"] > 0 and any(beside)
     ids, ids0 = got[True][0], got[False][0]
     assert {r: ids[r] for r in want} == want and {r: ids0[r] for r in want} == want
     assert ids["b"] == ids0["b"] and 0 < len(ids["b"]) < 18

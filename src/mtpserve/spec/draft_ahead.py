@@ -36,17 +36,26 @@ from mtpserve.spec.mtp_chain import ChainRow
 
 
 
-def goes_ahead(s: ScheduledSeq, st) -> bool:
-    """Whether ``s``'s step can go ahead: it decodes its newest token (with drafts after it, or
-    none: policy, room or token budget gave it none this step), the target's choice at each of
-    its rows is the raw argmax (``is_plain_greedy``: greedy, no bias, penalties or min_tokens
-    ban; row 0 decides, the drafts only add output tokens), and its MTP state ``st`` (spec/mtp.py
-    ``_MTPState``, or None) is sound and in step with it."""
+def decodes(s: ScheduledSeq) -> bool:
+    """Whether ``s`` decodes its newest token this step (with drafts after it or none), as
+    opposed to a prefill chunk."""
+    return s.samples and s.num_new_tokens == 1
+
+
+def plain_greedy(s: ScheduledSeq) -> bool:
+    """Whether the target's choice at each of ``s``'s rows is the raw argmax
+    (``is_plain_greedy``: greedy, no bias, penalties or min_tokens ban; row 0 decides, the
+    drafts only add output tokens)."""
     seq = s.seq
-    return (s.samples and s.num_new_tokens == 1
-            and is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
-            and st is not None and not st.broken
-            and st.shadow.num_computed_tokens == seq.num_computed_tokens)
+    return is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
+
+
+def goes_ahead(s: ScheduledSeq, st) -> bool:
+    """Whether ``s``'s step can go ahead: it decodes (:func:`decodes`: policy, room or token
+    budget may have given it no drafts this step) with plain greedy sampling, and its MTP state
+    ``st`` (spec/mtp.py ``_MTPState``, or None) is sound and in step with it."""
+    return (decodes(s) and plain_greedy(s) and st is not None and not st.broken
+            and st.shadow.num_computed_tokens == s.seq.num_computed_tokens)
 
 
 def next_budgets(seq: Sequence, num_drafts: int, k: int) -> list[int]:
@@ -71,40 +80,71 @@ def chain_row(seq: Sequence, block_table: list[int], budgets: list[int], v: int)
     return ChainRow(block_table, seq.num_tokens + v + 1, max(budgets[v], 1))
 
 
-def batch_offsets(sched: SchedulerOutput) -> list[int]:
-    """Each scheduled sequence's first token's index in the flat batch."""
-    out, n = [], 0
+def ahead_layout(sched: SchedulerOutput, rows: list[int]
+                 ) -> tuple[list[int], list[int], list[int], int]:
+    """Where the scheduled sequences ``rows`` (indices into ``sched.scheduled``) lie: each one's
+    first token in the batch, its first logits row (``ModelRunner.prepare``: 1 + drafts rows
+    for a sequence that samples, none for a prefill chunk that does not), its first token in
+    the observe batch (those sequences' 1 + drafts tokens back to back); and the batch's logits
+    rows."""
+    tokens, logits, t, n = [], [], 0, 0
     for s in sched.scheduled:
-        out.append(n)
-        n += s.num_query_tokens
-    return out
+        tokens.append(t)
+        logits.append(n)
+        t += s.num_query_tokens
+        n += 1 + len(s.draft_token_ids) if s.samples else 0
+    observe, o = [], 0
+    for i in rows:
+        observe.append(o)
+        o += 1 + len(sched.scheduled[i].draft_token_ids)
+    return [tokens[i] for i in rows], [logits[i] for i in rows], observe, n
 
-def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, firsts: list[int],
-                      num_drafts: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+
+def observe_inputs(targets: torch.Tensor, hidden: torch.Tensor, token_firsts: list[int],
+                   logit_firsts: list[int], num_drafts: list[int]):
+    """The observe batch's input ids [O] (the targets at each verified position) and target
+    hidden states [O, H] of the sequences laid out by :func:`ahead_layout`; ``targets`` [N]
+    per logits row, ``hidden`` [T, H] per batch token. Views when they are the whole batch in
+    order, else one upload of indices."""
+    spans = [1 + m for m in num_drafts]
+    whole = sum(spans) == targets.shape[0] == hidden.shape[0]
+    if whole and token_firsts == logit_firsts:
+        return targets, hidden
+    rows = [f + j for f, n in zip(logit_firsts, spans) for j in range(n)]
+    toks = [f + j for f, n in zip(token_firsts, spans) for j in range(n)]
+    idx = to_device(rows + toks, torch.int64, targets.device)
+    return targets.index_select(0, idx[:len(rows)]), hidden.index_select(0, idx[len(rows):])
+
+
+def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_firsts: list[int],
+                      token_firsts: list[int], num_drafts: list[int], k: int) -> torch.Tensor:
     """Drafts accepted per sequence of a verify batch, on the device, no host sync.
 
     Args:
-        targets: [T] int64, the target's argmax at each token of the batch.
-        input_ids: [T] int64, the batch's input ids (sequence b's token at ``firsts[b]`` is
-            its newest one, followed by its ``num_drafts[b]`` drafts).
-        firsts: per sequence (B), its first token's index in the batch; num_drafts: its
-            drafts (0..k; 0: a decode row, nothing to accept); k: the most drafts of any
-            sequence (>= 1).
+        targets: [N] int64, the target's argmax at each logits row of the batch.
+        input_ids: [T] int64, the batch's input ids.
+        target_firsts: per sequence (B), its first logits row (the target's choice after its
+            newest token, then after each draft); token_firsts: its first token in the batch
+            (its newest token, followed by its drafts); num_drafts: its drafts (0..k; 0: a
+            decode row, nothing to accept); k: the most drafts of any sequence (>= 1).
 
     Returns:
-        (accepted [B] int64: the longest prefix of drafts with ``draft i == target at i``,
-        firsts [B] int64 on the device).
+        accepted [B] int64: the longest prefix of drafts with ``draft i == target at i``.
     """
-    B, n = len(firsts), len(firsts) * k
-    # row i of a sequence compares its target at token cur with the draft at token nxt
-    # (indices kept inside the sequence's tokens where i has no draft: masked out by valid)
-    cur = [f + max(0, min(i, m - 1)) for f, m in zip(firsts, num_drafts) for i in range(k)]
-    nxt = [c + (m > 0) for c, m in zip(cur, (m for m in num_drafts for _ in range(k)))]
-    valid = [int(i < m) for m in num_drafts for i in range(k)]
-    up = to_device(cur + nxt + valid + firsts, torch.int64, targets.device)
-    cur_t, nxt_t, valid_t = up[:n], up[n:2 * n], up[2 * n:3 * n].bool()
+    B, n = len(token_firsts), len(token_firsts) * k
+    # row i of a sequence compares its target at logits row cur with its draft at token nxt
+    # (indices kept inside the sequence's rows where i has no draft: masked out by valid)
+    cur, nxt, valid = [], [], []
+    for tf, xf, m in zip(target_firsts, token_firsts, num_drafts):
+        for i in range(k):
+            j = max(0, min(i, m - 1))
+            cur.append(tf + j)
+            nxt.append(xf + j + (m > 0))
+            valid.append(int(i < m))
+    up = to_device(cur + nxt + valid, torch.int64, targets.device)
+    cur_t, nxt_t, valid_t = up[:n], up[n:2 * n], up[2 * n:].bool()
     match = (input_ids.index_select(0, nxt_t) == targets.index_select(0, cur_t)) & valid_t
-    return match.view(B, k).long().cumprod(1).sum(1), up[3 * n:]
+    return match.view(B, k).long().cumprod(1).sum(1)
 
 
 class AheadStep:

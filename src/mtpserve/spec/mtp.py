@@ -38,8 +38,9 @@ from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
-from mtpserve.spec.draft_ahead import (AheadStep, batch_offsets, chain_row, goes_ahead,
-                                       greedy_acceptance, next_budgets, shadow_tokens)
+from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decodes, goes_ahead,
+                                       greedy_acceptance, next_budgets, observe_inputs,
+                                       plain_greedy, shadow_tokens)
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.pending_drafts import PendingDrafts
@@ -119,55 +120,68 @@ class MTPProposer(Proposer):
     @torch.inference_mode()
     def verify_ahead(self, sched: SchedulerOutput, batch, hidden: torch.Tensor,
                      logits: torch.Tensor) -> AheadStep | None:
-        """Right after a verify forward is launched: when every scheduled sequence decodes with
-        plain greedy sampling (most verifying drafts, some maybe none), compute the acceptance
-        on the device, run ``observe`` over every verified position and the next step's draft
-        chain from the accepted one, all without a host sync. ``hidden`` [T, H], ``logits``
-        [T, vocab]: the forward's outputs for the T tokens of ``batch``. Returns the step (the
-        engine verifies with its targets), or None when it does not apply (the step goes the
-        usual way)."""
-        work = self._ahead_work(sched, logits.shape[0] == batch.num_tokens)
+        """Right after a verify forward is launched: when every sequence decoding its newest
+        token does so with plain greedy sampling (most verifying drafts, some maybe none),
+        compute their acceptance on the device, run ``observe`` over every verified position
+        and the next step's draft chain from the accepted one, all without a host sync; prefill
+        chunks in the step are observed the usual way. ``hidden`` [T, H]: the forward's output
+        per batch token; ``logits`` [N, vocab] per logits row. Returns the step (the engine
+        verifies with its targets), or None when it does not apply (the step goes the usual
+        way)."""
+        work = self._ahead_work(sched, logits.shape[0])
         if work is None:
             return None
-        counts = [len(s.draft_token_ids) for s in sched.scheduled]
+        rows = [i for i, _, _, _ in work]
+        tok_f, logit_f, obs_f, _ = ahead_layout(sched, rows)
+        counts = [len(sched.scheduled[i].draft_token_ids) for i in rows]
         targets = logits.argmax(-1)
-        accepted, firsts_t = greedy_acceptance(targets, batch.input_ids, batch_offsets(sched),
-                                               counts, max(counts))
-        seqs = [s.seq for s in sched.scheduled]
+        accepted = greedy_acceptance(targets, batch.input_ids, logit_f, tok_f, counts,
+                                     max(counts))
+        seqs = [seq for _, seq, _, _ in work]
         ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs])
-        obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, st, _), m
+        ids, h = observe_inputs(targets, hidden, tok_f, logit_f, counts)
+        obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, _, st, _), m
                                in zip(work, counts)])
-        y = self._forward(obs, hidden, input_ids=targets)
-        ahead.hidden = y.index_select(0, firsts_t + accepted)
-        variants = [[chain_row(seq, st.shadow.block_table, b, v) for seq, st, b in work]
+        y = self._forward(obs, h, input_ids=ids)
+        pick = to_device(obs_f, torch.int64, y.device) + accepted
+        ahead.hidden = y.index_select(0, pick)
+        variants = [[chain_row(seq, st.shadow.block_table, b, v) for _, seq, st, b in work]
                     for v in range(max(counts) + 1)]
-        steps = max(max(b) for _, _, b in work)
-        ahead.budgets = [b for _, _, b in work]
+        steps = max(max(b) for _, _, _, b in work)
+        ahead.budgets = [b for _, _, _, b in work]
         ahead.drafts = self.chain.run_variants(ahead.hidden, variants, accepted, max(steps, 1))
         self.ahead = ahead
         return ahead
 
-    def _ahead_work(self, sched: SchedulerOutput, rows_per_token: bool
-                    ) -> list[tuple[Sequence, _MTPState, list[int]]] | None:
-        """Per scheduled sequence (sequence, MTP state, next budget if v drafts get accepted
-        for v = 0..its drafts) when the step can go ahead, else None. Once every sequence
-        qualifies (draft_ahead.py ``goes_ahead``), grows each shadow's blocks for the observe
-        over all its verified positions and the longest chain; a step that goes the usual way
-        takes none."""
-        if not (self.draft_ahead and self.use_chain and rows_per_token and sched.scheduled):
+    def _ahead_work(self, sched: SchedulerOutput, num_logits: int
+                    ) -> list[tuple[int, Sequence, _MTPState, list[int]]] | None:
+        """Per decoding sequence (its index in ``sched.scheduled``, the sequence, its MTP state,
+        its next budget if v drafts get accepted for v = 0..its drafts) when the step can go
+        ahead, else None: a verify step whose decoding sequences all qualify (draft_ahead.py
+        ``goes_ahead``), whose other sampling rows (prefill chunks that end their prompt) are
+        plain greedy too (the engine verifies every row with the argmax read here), and whose
+        logits have the rows ``prepare`` laid out (``num_logits``). Then grows each shadow's
+        blocks for the observe over all its verified positions and the longest chain; a step
+        that goes the usual way takes none."""
+        scheduled = sched.scheduled
+        if not (self.draft_ahead and self.use_chain and any(s.draft_token_ids
+                                                             for s in scheduled)):
             return None
-        states = [self.states.get(s.seq.request_id) for s in sched.scheduled]
-        if not (any(s.draft_token_ids for s in sched.scheduled)    # a verify step
-                and all(goes_ahead(s, st) for s, st in zip(sched.scheduled, states))):
+        rows = [i for i, s in enumerate(scheduled) if decodes(s)]
+        states = [self.states.get(scheduled[i].seq.request_id) for i in rows]
+        if not (all(goes_ahead(scheduled[i], st) for i, st in zip(rows, states))
+                and all(plain_greedy(s) for s in scheduled if s.samples)
+                and ahead_layout(sched, rows)[3] == num_logits):
             return None
         work = []
-        for s, st in zip(sched.scheduled, states):
+        for i, st in zip(rows, states):
+            s = scheduled[i]
             budgets = next_budgets(s.seq, len(s.draft_token_ids), self.k)
             if not self.bm.allocate(st.shadow, shadow_tokens(s.seq, budgets)):
                 return None
-            work.append((s.seq, st, budgets))
-        for (seq, st, _), s in zip(work, sched.scheduled):
-            st.shadow.token_ids = seq.token_ids[1:] + [0] * (1 + len(s.draft_token_ids))
+            work.append((i, s.seq, st, budgets))
+        for i, seq, st, _ in work:
+            st.shadow.token_ids = seq.token_ids[1:] + [0] * (1 + len(scheduled[i].draft_token_ids))
         return work
 
     def _observed_ahead(self, items):
