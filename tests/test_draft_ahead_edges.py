@@ -316,3 +316,120 @@ def test_a_step_that_cannot_go_ahead_takes_no_shadow_blocks():
             blocks[ahead].append({r: len(st.shadow.block_table) for r, st in p.states.items()})
         assert counts["ahead"] == 0
     assert blocks[True] == blocks[False]
+
+
+def prefill_first(llm: LLM, seen: list) -> None:
+    """Reorder each schedule so its prefill chunks come before its decoding rows (the in-tree
+    scheduler puts running sequences' decode rows first; ``ModelRunner.prepare``, the state
+    cache rows and verify take any order), and log, per step that goes ahead, whether a row
+    going ahead comes after a prefill chunk (tokens and logits rows shifted apart)."""
+    eng, p = llm.engine, llm.engine.proposer
+    schedule, go = eng.scheduler.schedule, p.verify_ahead
+
+    def reordered():
+        out = schedule()
+        out.scheduled = ([s for s in out.scheduled if not decodes(s)]
+                         + [s for s in out.scheduled if decodes(s)])
+        return out
+
+    def went(sched, *a):
+        out = go(sched, *a)
+        if out is not None:
+            kinds = [decodes(s) for s in sched.scheduled]
+            seen.append(not kinds[0] and any(kinds))
+        return out
+
+    eng.scheduler.schedule, p.verify_ahead = reordered, went
+
+
+@pytest.mark.parametrize("budget", [64, 7])
+def test_prefill_chunks_before_the_rows_that_go_ahead(budget):
+    """Prefill chunks (some ending their prompt and sampling one row, some not) laid out before
+    the verifying rows: acceptance, the observe batch and the pick of the MTP output index
+    tokens and logits rows apart; output equals plain decoding, drafts equal the usual step's."""
+    prompts = held_out_prompts(6, 6) + held_out_prompts(2, 13, seed=7)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    arrivals = {0: [("a", prompts[0], params), ("b", prompts[1], params)],
+                2: [("c", prompts[6], params)], 3: [("d", prompts[2], params)],
+                5: [("e", prompts[7], params), ("f", prompts[3], params)],
+                8: [("g", prompts[4], params)]}
+    order = [0, 1, 6, 2, 7, 3, 4]
+    kw = dict(max_num_batched_tokens=budget)
+    want = dict(zip("abcdefg", plain(trained_hybrid_dir(), [prompts[i] for i in order],
+                                     params, **kw)))
+    got = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(trained_hybrid_dir(), ahead, **kw)
+        seen = []
+        prefill_first(llm, seen)
+        ids, _ = drive(llm, arrivals, {})
+        got[ahead] = (ids, log)
+        if ahead:
+            assert counts["ahead"] > 0 and counts["used"] > 0 and any(seen)
+    assert got[True][0] == want and got[False][0] == want
+    assert got[True][1] == got[False][1]
+
+
+def test_one_token_prompts_join_verify_steps():
+    """A one-token prompt samples its first row with one new token (``decodes``) but has no
+    MTP state yet: the step it joins goes the usual way; output and drafts as without
+    drafting ahead."""
+    prompts = held_out_prompts(4, 6)
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    arrivals = {0: [("a", prompts[0], params), ("b", prompts[1], params)],
+                3: [("c", prompts[2][:1], params)], 4: [("d", prompts[3][:1], params)]}
+    want = dict(zip("abcd", plain(trained_hybrid_dir(), [prompts[0], prompts[1],
+                                                         prompts[2][:1], prompts[3][:1]],
+                                  params)))
+    got = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(trained_hybrid_dir(), ahead)
+        ids, _ = drive(llm, arrivals, {})
+        got[ahead] = (ids, log)
+        if ahead:
+            assert counts["ahead"] > 0 and counts["used"] > 0
+    assert got[True][0] == want and got[False][0] == want
+    assert got[True][1] == got[False][1]
+
+
+def test_a_prefill_row_that_is_not_plain_greedy_keeps_the_usual_step():
+    """Requests whose only sampling row is their prefill's (max_tokens=1) join verify steps:
+    one sampled, one greedy with a bias that bans its plain first token, one with a repetition
+    penalty. The engine verifies with the argmax read ahead only when every sampling row is
+    plain greedy, so those steps go the usual way: their tokens are plain decoding's."""
+    prompts = held_out_prompts(5, 6)
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    first = plain(trained_hybrid_dir(), prompts[2:3], SamplingParams(max_tokens=1,
+                                                                     temperature=0.0))[0][0]
+    one = [SamplingParams(max_tokens=1, temperature=0.8, seed=3),
+           SamplingParams(max_tokens=1, temperature=0.0, logit_bias={first: -100}),
+           SamplingParams(max_tokens=1, temperature=0.0, repetition_penalty=5.0)]
+    arrivals = {0: [("a", prompts[0], greedy), ("b", prompts[1], greedy)],
+                2: [("c", prompts[2], one[1])], 3: [("d", prompts[3], one[0])],
+                4: [("e", prompts[4], one[2])]}
+    base = LLM(str(trained_hybrid_dir()), **KW)
+    want = {"a": plain(trained_hybrid_dir(), prompts[:1], greedy)[0],
+            "b": plain(trained_hybrid_dir(), prompts[1:2], greedy)[0]}
+    want.update({r: base.generate([prompts[i]], [p])[0].outputs[0].token_ids
+                 for r, i, p in (("c", 2, one[1]), ("d", 3, one[0]), ("e", 4, one[2]))})
+    assert want["c"] != [first]
+    got = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(trained_hybrid_dir(), ahead)
+        beside = []
+        p, go = llm.engine.proposer, llm.engine.proposer.verify_ahead
+
+        def went(sched, *a):
+            out = go(sched, *a)
+            beside.append((out is not None, [s.seq.request_id for s in sched.scheduled]))
+            return out
+
+        p.verify_ahead = went
+        ids, _ = drive(llm, arrivals, {})
+        got[ahead] = (ids, log)
+        if ahead:
+            assert counts["ahead"] > 0
+            assert not any(w and set(r) & set("cde") for w, r in beside)
+            assert any(set(r) & set("cde") for w, r in beside)
+    assert got[True][0] == want and got[False][0] == want
+    assert got[True][1] == got[False][1]
