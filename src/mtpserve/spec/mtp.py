@@ -161,8 +161,10 @@ class MTPProposer(Proposer):
         ``goes_ahead``), whose other sampling rows (prefill chunks that end their prompt) are
         plain greedy too (the engine verifies every row with the argmax read here), and whose
         logits have the rows ``prepare`` laid out (``num_logits``). Then grows each shadow's
-        blocks for the observe over all its verified positions and the longest chain; a step
-        that goes the usual way takes none."""
+        blocks for the observe over all its verified positions and the longest chain of any
+        acceptance (more than the usual path takes); a step that fails the checks takes none,
+        one whose shadow pool runs short part-way keeps the blocks already grown (its
+        sequences' chains use them) and goes the usual way."""
         scheduled = sched.scheduled
         if not (self.draft_ahead and self.use_chain and any(s.draft_token_ids
                                                              for s in scheduled)):
