@@ -159,7 +159,7 @@ class LLMEngine:
         ahead = None
         if self.proposer is not None:   # their host copies, now that the forward is queued
             self.proposer.resolve_drafts(sched)
-            ahead = self.proposer.verify_ahead(sched, batch, hidden, logits)
+            ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits)
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:

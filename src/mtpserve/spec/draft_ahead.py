@@ -35,7 +35,6 @@ from mtpserve.engine.sequence import Sequence
 from mtpserve.spec.mtp_chain import ChainRow
 
 
-
 def decodes(s: ScheduledSeq) -> bool:
     """Whether ``s`` decodes its newest token this step (with drafts after it or none), as
     opposed to a prefill chunk."""
@@ -80,24 +79,21 @@ def chain_row(seq: Sequence, block_table: list[int], budgets: list[int], v: int)
     return ChainRow(block_table, seq.num_tokens + v + 1, max(budgets[v], 1))
 
 
-def ahead_layout(sched: SchedulerOutput, rows: list[int]
-                 ) -> tuple[list[int], list[int], list[int], int]:
+def ahead_layout(sched: SchedulerOutput, layout, rows: list[int]
+                 ) -> tuple[list[int], list[int], list[int]]:
     """Where the scheduled sequences ``rows`` (indices into ``sched.scheduled``) lie: each one's
-    first token in the batch, its first logits row (``ModelRunner.prepare``: 1 + drafts rows
-    for a sequence that samples, none for a prefill chunk that does not), its first token in
-    the observe batch (those sequences' 1 + drafts tokens back to back); and the batch's logits
-    rows."""
-    tokens, logits, t, n = [], [], 0, 0
+    first token in the batch, its first logits row (``layout``: the step's
+    ``ModelRunner.prepare`` LogitsLayout), and its first token in the observe batch (those
+    sequences' 1 + drafts tokens back to back)."""
+    tokens, t = [], 0
     for s in sched.scheduled:
         tokens.append(t)
-        logits.append(n)
         t += s.num_query_tokens
-        n += 1 + len(s.draft_token_ids) if s.samples else 0
     observe, o = [], 0
     for i in rows:
         observe.append(o)
         o += 1 + len(sched.scheduled[i].draft_token_ids)
-    return [tokens[i] for i in rows], [logits[i] for i in rows], observe, n
+    return [tokens[i] for i in rows], [layout.rows[i][0] for i in rows], observe
 
 
 def observe_inputs(targets: torch.Tensor, hidden: torch.Tensor, token_firsts: list[int],

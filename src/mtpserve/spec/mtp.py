@@ -118,21 +118,22 @@ class MTPProposer(Proposer):
 
     # ---- greedy verify steps: observe and draft before the host reads back (draft_ahead.py) --
     @torch.inference_mode()
-    def verify_ahead(self, sched: SchedulerOutput, batch, hidden: torch.Tensor,
+    def verify_ahead(self, sched: SchedulerOutput, batch, layout, hidden: torch.Tensor,
                      logits: torch.Tensor) -> AheadStep | None:
         """Right after a verify forward is launched: when every sequence decoding its newest
         token does so with plain greedy sampling (most verifying drafts, some maybe none),
         compute their acceptance on the device, run ``observe`` over every verified position
         and the next step's draft chain from the accepted one, all without a host sync; prefill
-        chunks in the step are observed the usual way. ``hidden`` [T, H]: the forward's output
-        per batch token; ``logits`` [N, vocab] per logits row. Returns the step (the engine
-        verifies with its targets), or None when it does not apply (the step goes the usual
-        way)."""
-        work = self._ahead_work(sched, logits.shape[0])
+        chunks in the step are observed the usual way. ``batch``, ``layout``: the step's
+        ``ModelRunner.prepare`` output (``layout``: each sequence's logits rows); ``hidden``
+        [T, H]: the forward's output per batch token; ``logits`` [N, vocab] per logits row.
+        Returns the step (the engine verifies with its targets), or None when it does not
+        apply (the step goes the usual way)."""
+        work = self._ahead_work(sched)
         if work is None:
             return None
         rows = [i for i, _, _, _ in work]
-        tok_f, logit_f, obs_f, _ = ahead_layout(sched, rows)
+        tok_f, logit_f, obs_f = ahead_layout(sched, layout, rows)
         counts = [len(sched.scheduled[i].draft_token_ids) for i in rows]
         targets = logits.argmax(-1)
         accepted = greedy_acceptance(targets, batch.input_ids, logit_f, tok_f, counts,
@@ -153,14 +154,14 @@ class MTPProposer(Proposer):
         self.ahead = ahead
         return ahead
 
-    def _ahead_work(self, sched: SchedulerOutput, num_logits: int
+    def _ahead_work(self, sched: SchedulerOutput
                     ) -> list[tuple[int, Sequence, _MTPState, list[int]]] | None:
         """Per decoding sequence (its index in ``sched.scheduled``, the sequence, its MTP state,
         its next budget if v drafts get accepted for v = 0..its drafts) when the step can go
         ahead, else None: a verify step whose decoding sequences all qualify (draft_ahead.py
         ``goes_ahead``), whose other sampling rows (prefill chunks that end their prompt) are
-        plain greedy too (the engine verifies every row with the argmax read here), and whose
-        logits have the rows ``prepare`` laid out (``num_logits``). Then grows each shadow's
+        plain greedy too (the engine verifies every row with the argmax read here). Then grows
+        each shadow's
         blocks for the observe over all its verified positions and the longest chain of any
         acceptance (more than the usual path takes); a step that fails the checks takes none,
         one whose shadow pool runs short part-way keeps the blocks already grown (its
@@ -172,8 +173,7 @@ class MTPProposer(Proposer):
         rows = [i for i, s in enumerate(scheduled) if decodes(s)]
         states = [self.states.get(scheduled[i].seq.request_id) for i in rows]
         if not (all(goes_ahead(scheduled[i], st) for i, st in zip(rows, states))
-                and all(plain_greedy(s) for s in scheduled if s.samples)
-                and ahead_layout(sched, rows)[3] == num_logits):
+                and all(plain_greedy(s) for s in scheduled if s.samples)):
             return None
         work = []
         for i, st in zip(rows, states):
