@@ -31,10 +31,33 @@ def test_forced_acceptance_accepts_exactly_that_many(reference, accept):
         eng = bench.build("tiny-qwen3-next", "cpu",
                           SpeculativeConfig(algorithm="nextn", num_steps=K, adaptive=False))
         bench.force_acceptance(eng, reference, accept)
-        tokens, _, _ = bench.run(eng, NEW)
+        tokens, _, _, _ = bench.run(eng, NEW)
     assert tokens == reference
     m = eng.spec_metrics
     hist = list(m.accepted_per_step)   # verify steps by drafts accepted
     # every verify step accepts exactly a, but the last ones, whose budget max_tokens cut below a
     assert m.num_verify_steps >= 3 and sum(hist[accept + 1:]) == 0
     assert hist[accept] >= m.num_verify_steps - 2
+
+
+def test_forcing_settles_on_the_engines_own_output(reference):
+    """A reference that leaves the engine's greedy output (as a bf16 near tie would) is replaced
+    by the engine's output, and the forcing then holds: every verify step accepts exactly 2."""
+    wrong = list(reference)
+    wrong[5] = (wrong[5] + 1) % 500
+    with one_thread():
+        eng = bench.build("tiny-qwen3-next", "cpu",
+                          SpeculativeConfig(algorithm="nextn", num_steps=K, adaptive=False))
+        tokens, _, _, ref = bench.forced_run(eng, wrong, 2, NEW)
+        m = eng.spec_metrics
+        before, steps = list(m.accepted_per_step), m.num_verify_steps
+        again, _, _, _ = bench.run(eng, NEW)   # the forcing left in place: the settled one
+    assert tokens == ref == reference == again
+    hist = [x - y for x, y in zip(m.accepted_per_step, before)]
+    assert sum(hist[3:]) == 0 and hist[2] >= m.num_verify_steps - steps - 2 >= 3
+
+
+def test_divergence_names_the_first_difference_and_its_margin():
+    assert bench.divergence([4, 5, 6], [4, 5, 6], [0.1, 0.2, 0.3])["diverged_at"] is None
+    d = bench.divergence([4, 5, 6, 7], [4, 5, 9, 7], [0.1, 0.2, 0.003, 0.3])
+    assert (d["diverged_at"], d["margin"]) == (2, 0.003)
