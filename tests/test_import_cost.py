@@ -3,7 +3,8 @@
 The HTTP side and the command line must not import torch, transformers or the GGUF stack (the
 engine thread imports what the checkpoint needs), and an HF checkpoint must not pull in gguf or
 the Llama config (``LlamaConfig`` drags transformers.activations, torch.distributed.tensor and
-sympy along).
+sympy along), nor transformers' auto_factory / AutoTokenizer (on transformers 5.17 they import
+GenerationMixin, torch._dynamo, scikit-learn and sympy: see mtpserve.loader.configs).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import sys
 import pytest
 
 HEAVY = ("torch", "transformers", "gguf", "numpy", "safetensors", "sympy", "matplotlib")
+# What reading a config and tokenizer must not import (transformers' model-loading machinery)
+MODEL_LOADING = ("transformers.models.auto.auto_factory", "transformers.models.auto.tokenization_auto",
+                 "transformers.generation.utils", "torch._dynamo", "torch.distributed.tensor",
+                 "sklearn", "sympy")
 
 
 def modules_after(code: str, *watch: str, env: dict | None = None) -> set[str]:
@@ -66,4 +71,4 @@ def test_hf_qwen3_dir_loads_without_gguf_or_llama(tmp_path):
             f"f = load_model_files({str(tmp_path)!r})\n"
             f"assert f.hf_config.model_type == 'qwen3' and f.kind == 'hf'")
     assert modules_after(code, "gguf", "transformers.models.llama", "mtpserve.loader.gguf_loader",
-                         "transformers") == {"transformers"}
+                         "transformers", *MODEL_LOADING) == {"transformers"}

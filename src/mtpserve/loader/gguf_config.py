@@ -19,10 +19,12 @@ SUPPORTED_ARCHS = tuple(CONFIG_CLASSES)
 
 
 def config_class(arch: str) -> type[PretrainedConfig]:
-    """The transformers config class of a supported GGUF architecture (``KeyError`` otherwise)."""
-    import transformers
+    """The transformers config class of a supported GGUF architecture (``KeyError`` otherwise),
+    imported through ``configs.config_class`` (no GenerationMixin / torch._dynamo on
+    transformers 5.17)."""
+    from .configs import config_class as named_config_class
 
-    return getattr(transformers, CONFIG_CLASSES[arch])
+    return named_config_class(CONFIG_CLASSES[arch])
 _ROPE_SCALING_TYPES = ("linear", "yarn")
 
 

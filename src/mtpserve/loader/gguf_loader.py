@@ -11,6 +11,7 @@ import logging
 import os
 
 from .cache import build_entry, entry_dir, is_complete, source_key
+from .configs import load_config
 from .model_files import ModelFiles
 from .tokenizer import load_tokenizer, tokenizer_from_gguf
 
@@ -21,13 +22,12 @@ WEIGHTS = "model.safetensors"
 def _from_cache(path: str, entry: str, tokenizer: str | None) -> ModelFiles | None:
     """The ModelFiles of a complete cache entry, or None (logged) when any part fails to read."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoTokenizer
 
     weights = os.path.join(entry, WEIGHTS)
     try:
-        config = AutoConfig.from_pretrained(entry)
+        config = load_config(entry)
         config.name_or_path = path  # as on a fresh conversion, not the cache directory
-        tok = AutoTokenizer.from_pretrained(entry) if tokenizer is None else None
+        tok = load_tokenizer(entry) if tokenizer is None else None
         with safe_open(weights, framework="pt", device="cpu") as f:
             f.keys()
     except Exception as e:  # noqa: BLE001 - any unreadable part means: rebuild the entry

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from .configs import load_config
 from .model_files import ModelFiles
 from .tokenizer import load_tokenizer
 
@@ -37,18 +38,18 @@ def safetensors_files(folder: str) -> tuple[str, ...]:
 
 def load_hf_dir(folder: str, tokenizer: str | None = None) -> ModelFiles:
     """Load an HF directory: config via ``AutoConfig.from_pretrained`` (any model type, e.g.
-    llama, qwen2, qwen3, qwen3_next, qwen3_5, qwen3_5_moe), tokenizer from ``tokenizer`` or the
-    directory, tensors streamed from the safetensors files with names unchanged.
+    llama, qwen2, qwen3, qwen3_next, qwen3_5, qwen3_5_moe; through ``configs.load_config``, which
+    keeps transformers 5.17 from importing torch._dynamo and sympy for it), tokenizer from
+    ``tokenizer`` or the directory (``load_tokenizer``), tensors streamed from the safetensors
+    files with names unchanged.
 
     Raises:
         FileNotFoundError: no ``config.json``, no weights, a missing shard, or no tokenizer files.
     """
-    from transformers import AutoConfig
-
     folder = os.path.abspath(folder)
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise FileNotFoundError(f"{folder}: no config.json")
     files = safetensors_files(folder)
-    config = AutoConfig.from_pretrained(folder)
+    config = load_config(folder)
     tok = load_tokenizer(tokenizer or folder)
     return ModelFiles(hf_config=config, tokenizer=tok, source=folder, kind="hf", weight_files=files)
