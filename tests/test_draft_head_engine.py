@@ -113,6 +113,7 @@ def test_sampled_drafts_have_q_zero_outside_the_map_and_one_inside(ckpt):
     path, hot = ckpt
     llm = LLM(str(path), speculative_algorithm="nextn", speculative_num_steps=K,
               speculative_adaptive=False, speculative_token_map=hot, **KW)
+    llm.engine.proposer.sampled_drafts = True   # drawn drafts (the default drafts the argmax)
     seen = log_drafts(llm)
     params = [SamplingParams(max_tokens=12, temperature=0.9, seed=3, ignore_eos=True),
               SamplingParams(max_tokens=12, temperature=1.3, top_p=0.9, seed=4,

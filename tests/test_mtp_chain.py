@@ -89,17 +89,42 @@ def test_chain_drafts_equal_the_step_loop(case):
     assert all(len(d) == b for calls, _ in chain_log for _, b, d, _ in calls)
 
 
-def test_a_sampling_request_keeps_the_step_loop(random_ckpt):
-    prompts = random_prompts()[:3]
-    llm, log = mtp_llm(random_ckpt, True, K, **KW)
-    plain = LLM(str(random_ckpt), **KW).generate(prompts, GREEDY)
-    params = [GREEDY, GREEDY, SamplingParams(max_tokens=6, temperature=0.8, seed=5)]
-    outs = llm.generate(prompts, params)
+def sampled_run(ckpt, sampled_drafts: bool, monkeypatch):
+    """Two greedy requests and one sampling one (seeded) through an MTP engine; returns the
+    outputs, the draft log and the q each verify got for the sampling request (None: one-hot)."""
+    import mtpserve.engine.engine as engine_mod
+
+    llm, log = mtp_llm(ckpt, True, K, **KW)
+    llm.engine.proposer.sampled_drafts = sampled_drafts
+    qs, verify = [], engine_mod.verify
+
+    def logged(sampler, logits, items, argmax=None):
+        qs.extend(it.draft_probs for it in items if not it.rows[0].params.greedy and it.drafts)
+        return verify(sampler, logits, items, argmax)
+
+    monkeypatch.setattr(engine_mod, "verify", logged)
+    params = [GREEDY, GREEDY, SamplingParams(max_tokens=12, temperature=0.8, seed=5)]
+    return llm.generate(random_prompts()[:3], params), log, qs
+
+
+def test_a_sampling_request_drafts_the_mtp_argmax_through_the_chain(random_ckpt, monkeypatch):
+    """By default a sampling request drafts like a greedy one (the chain; verify gets a one-hot
+    q, None); with ``sampled_drafts`` it keeps the step loop and verify gets the loop's q."""
+    plain = LLM(str(random_ckpt), **KW).generate(random_prompts()[:3], GREEDY)
+    outs, log, qs = sampled_run(random_ckpt, False, monkeypatch)
     assert [o.outputs[0].token_ids for o in outs[:2]] == [r.outputs[0].token_ids
                                                          for r in plain[:2]]
     with_sampler = [used for calls, used in log if not all(g for *_, g in calls)]
+    assert with_sampler and all(with_sampler)     # every step with it drafted through the chain
+    assert qs and all(q is None for q in qs)
+    again, _, _ = sampled_run(random_ckpt, False, monkeypatch)   # seeded: the same tokens
+    assert again[2].outputs[0].token_ids == outs[2].outputs[0].token_ids
+
+    outs, log, qs = sampled_run(random_ckpt, True, monkeypatch)
+    with_sampler = [used for calls, used in log if not all(g for *_, g in calls)]
     assert with_sampler and not any(with_sampler)
     assert any(used for _, used in log)   # once it finished, the greedy ones chain
+    assert qs and all(q is not None and q.shape[0] >= 1 for q in qs)
 
 
 class EagerChainReplay:

@@ -76,7 +76,12 @@ class MTPProposer(Proposer):
         self.eos = eos_token_ids
         self.states: dict[str, _MTPState] = {}
         self.chain = DraftChain(target, runner, self.head)
-        self.use_chain = True   # greedy batches draft through self.chain (off: the step loop)
+        self.use_chain = True   # argmax drafts go through self.chain (off: the step loop)
+        # Sampling requests draft the MTP's argmax too (a one-hot q, as vLLM's and SGLang's
+        # MTP / EAGLE drafts do; verify.py accepts draft x with probability p(x)): one chain
+        # replay, no host round trip per draft. True: draw them from the MTP's processed
+        # distribution step by step (the step loop; q kept for the residual).
+        self.sampled_drafts = False
         self.draft_ahead = True   # greedy verify steps observe and draft before the read-back
         self.pending: PendingDrafts | None = None   # this step's chain drafts, on the device
         self.ahead: AheadStep | None = None        # the verify step observed ahead, if any
@@ -222,7 +227,8 @@ class MTPProposer(Proposer):
                 active.append((seq, budget, st))
         if not active:
             return
-        if self.use_chain and all(seq.params.greedy for seq, _, _ in active):
+        if self.use_chain and (not self.sampled_drafts
+                               or all(seq.params.greedy for seq, _, _ in active)):
             self._draft_greedy(active)
         else:
             self._draft_loop(active)
@@ -291,8 +297,9 @@ class MTPProposer(Proposer):
                     r.budget = s
 
     def _draft_loop(self, active) -> None:
-        """Draft step after step, each chained step through ``runner.prepare`` (sampling drafts;
-        greedy ones too with ``use_chain`` off: the reference for the chain)."""
+        """Draft step after step, each chained step through ``runner.prepare``: drafts drawn
+        from the MTP's processed distribution (``sampled_drafts``), or argmax ones with
+        ``use_chain`` off (the reference for the chain)."""
         drafted = [seq for seq, _, _ in active]
         greedy = all(seq.params.greedy for seq in drafted)
         qs: dict[str, list[torch.Tensor]] = {seq.request_id: [] for seq in drafted}
