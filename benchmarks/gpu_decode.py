@@ -10,6 +10,7 @@ token ids (``--speculative-token-map``, spec/draft_head.py).
 
     python benchmarks/gpu_decode.py [--shapes smollm2-135m qwen3-1.7b qwen3-8b] [--json out.json]
     python benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768
+    python benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --mtp-temperature 0.7
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ def build(shape: str, eager: bool, spec: SpeculativeConfig | None = None
     return eng, time.perf_counter() - t
 
 
-def decode_run(eng: LLMEngine, n_req: int, new: int) -> tuple[float, float]:
-    """(median decode step seconds, decode tokens/s) with ``n_req`` requests of ``new`` tokens."""
-    p = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+def decode_run(eng: LLMEngine, n_req: int, new: int, temperature: float = 0.0
+               ) -> tuple[float, float]:
+    """(median decode step seconds, decode tokens/s) with ``n_req`` requests of ``new`` tokens
+    (seeded sampling at ``temperature`` > 0)."""
+    p = SamplingParams(max_tokens=new, temperature=temperature, ignore_eos=True,
+                       seed=1 if temperature > 0 else None)
     for i in range(n_req):
         eng.add_request(f"r{time.monotonic_ns()}-{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
     times, tokens = [], 0
@@ -96,16 +100,19 @@ HYBRID = ("qwen3-next-3b",)
 
 
 def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
-             token_map: str | None = None, label: str = "mtp") -> dict:
+             token_map: str | None = None, label: str = "mtp", temperature: float = 0.0,
+             sampled_drafts: bool = False) -> dict:
     """Batch-1 engine step with MTP drafting (k steps, adaptive off: every step drafts k and
     verifies 1 + k) against the plain decode step; random weights accept ~nothing, so this is
-    the cost side of speculation. ``token_map``: drafts through the FR-Spec head over its ids.
-    Keys of the result start with ``label``."""
+    the cost side of speculation. ``token_map``: drafts through the FR-Spec head over its ids;
+    ``temperature`` > 0: sampling requests, drafting the MTP's argmax or with
+    ``sampled_drafts`` drawing them step by step. Keys of the result start with ``label``."""
     spec = SpeculativeConfig(algorithm="nextn", num_steps=k, adaptive=False, token_map=token_map)
     eng, ready = build(shape, eager, spec)
+    eng.proposer.sampled_drafts = sampled_drafts
     eng.warmup()
-    step, _ = decode_run(eng, 1, 128)
-    _, tps16 = decode_run(eng, 16, 64)
+    step, _ = decode_run(eng, 1, 128, temperature)
+    _, tps16 = decode_run(eng, 16, 64, temperature)
     m = eng.spec_metrics
     fwd = forward_times(eng, k)
     print(f"{shape:16} {label} k={k}: ready {ready:.1f} s, b1 step {step * 1e3:.3f} ms "
@@ -123,10 +130,17 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
     return {f"{label}_{key}": v for key, v in out.items()}
 
 
-def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None) -> dict:
+def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None,
+              temperature: float | None = None) -> dict:
     """``mtp_step`` keys ``mtp_*``; with ``map_size`` also ``mtp_fr_*``: the same step with the
-    FR-Spec draft head over ids 0..map_size-1 (a JSON token map in a temporary file)."""
+    FR-Spec draft head over ids 0..map_size-1 (a JSON token map in a temporary file); with
+    ``temperature`` also ``mtp_t_*`` and ``mtp_t_drawn_*``: sampling requests, argmax drafts
+    and drafts drawn step by step."""
     rows = mtp_step(shape, eager, plain_step)
+    if temperature:
+        rows.update(mtp_step(shape, eager, plain_step, label="mtp_t", temperature=temperature))
+        rows.update(mtp_step(shape, eager, plain_step, label="mtp_t_drawn",
+                             temperature=temperature, sampled_drafts=True))
     if map_size:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "token_map.json"
@@ -189,6 +203,9 @@ def main() -> None:
                     help="with --mtp: also a step whose MTP drafts use the FR-Spec head over "
                          "token ids 0..N-1 (BPE vocabularies are ordered roughly by merge "
                          "frequency, so low ids are the frequent tokens); keys mtp_fr_*")
+    ap.add_argument("--mtp-temperature", type=float, metavar="T",
+                    help="with --mtp: also MTP steps of sampling requests at T, drafting the "
+                         "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "no_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
@@ -228,7 +245,8 @@ def main() -> None:
         gc.collect()   # engines hold reference cycles: free their memory before the next
         torch.cuda.empty_cache()
         if a.mtp and shape in HYBRID:
-            rows[shape].update(mtp_steps(shape, a.eager, step1, a.token_map_size))
+            rows[shape].update(mtp_steps(shape, a.eager, step1, a.token_map_size,
+                                             a.mtp_temperature))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
