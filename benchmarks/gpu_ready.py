@@ -7,6 +7,7 @@ Triton compiles, CUDA graph capture, warm-up). Each start gets its own Triton ca
     python benchmarks/gpu_ready.py --shape qwen3-1.7b [--starts 2] [--json out.json]
         [--log-dir DIR]   # each start's server log (timestamped lines: where the time goes)
         [--cprofile PATH]  # then the engine built in this process under cProfile (cache warm)
+        [--checkpoint DIR]  # write the checkpoint there once; later runs reuse it (A/B runs)
 """
 
 from __future__ import annotations
@@ -45,13 +46,17 @@ def main() -> None:
     ap.add_argument("--log-dir", help="keep each start's server log here (start-N.log)")
     ap.add_argument("--cprofile", help="write the 60 costliest calls (cumulative) of building "
                                        "the engine in this process here")
+    ap.add_argument("--checkpoint", help="the checkpoint's directory: written when it has no "
+                                         "config.json, else reused")
     a = ap.parse_args()
     if a.log_dir:
         os.makedirs(a.log_dir, exist_ok=True)
-    ckpt = tempfile.mkdtemp(prefix=f"ckpt-{a.shape}-")
-    t = time.perf_counter()
-    write_checkpoint(a.shape, ckpt)
-    print(f"{a.shape}: checkpoint written in {time.perf_counter() - t:.1f} s")
+    ckpt = a.checkpoint or tempfile.mkdtemp(prefix=f"ckpt-{a.shape}-")
+    if not os.path.isfile(os.path.join(ckpt, "config.json")):
+        os.makedirs(ckpt, exist_ok=True)
+        t = time.perf_counter()
+        write_checkpoint(a.shape, ckpt)
+        print(f"{a.shape}: checkpoint written in {time.perf_counter() - t:.1f} s")
     cache = tempfile.mkdtemp(prefix="triton-")
     os.environ["TRITON_CACHE_DIR"] = cache      # inherited by the server process
     flags = ["--model", ckpt, "--dtype", "bfloat16", "--max-model-len", "4096",
