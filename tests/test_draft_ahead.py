@@ -5,8 +5,9 @@ The acceptance kernel against hand-made batches; then whole engines, drafting ah
 (``MTPProposer.draft_ahead``), over the tiny trained hybrid (drafts get accepted: 0..k per step)
 and a random MTP layer (nothing accepted): the same drafts step by step, the same acceptance
 counts, and plain decoding's tokens, also when max_tokens / max_model_len shrink the next
-budgets, when the token budget cuts drafts, under preemption, with padded chain "graphs", and
-beside a sampling request (which keeps the usual path)."""
+budgets, when the token budget cuts drafts, under preemption, with padded chain "graphs"; and
+sampling requests, whose rows the device decides by speculative sampling (spec/sampled_ahead.py):
+the same tokens as the host's verification."""
 
 from __future__ import annotations
 
@@ -143,16 +144,64 @@ def test_random_mtp_with_padded_chain_graphs(tmp_path):
     assert logs[True] == logs[False]
 
 
-def test_a_sampling_request_keeps_the_usual_step():
+SAMPLED = [SamplingParams(max_tokens=14, temperature=0.8, seed=5),
+           SamplingParams(max_tokens=11, temperature=1.0, top_p=0.9, seed=6, logprobs=2),
+           SamplingParams(max_tokens=16, temperature=0.6, top_k=20, seed=7, ignore_eos=True),
+           SamplingParams(max_tokens=9, temperature=0.7, min_p=0.1, seed=8),
+           SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+           SamplingParams(max_tokens=13, temperature=0.9, ignore_eos=True)]   # shared generator
+
+
+def test_sampled_requests_draft_ahead_as_the_usual_step():
+    """Sampling requests (one-hot drafts: the MTP's argmax) go ahead too, their rows decided by
+    speculative sampling on the device (spec/sampled_ahead.py): the same tokens, logprobs,
+    drafts and acceptance as the host's verification, seeded or on the shared generator,
+    beside a greedy request."""
+    path, prompts = trained_hybrid_dir(), held_out_prompts(6, 6)
+    out, lps, verifying = {}, {}, []
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead)
+        go = llm.engine.proposer.verify_ahead
+
+        def counted(sched, *a, go=go):
+            verifying.append(any(s.draft_token_ids for s in sched.scheduled))
+            return go(sched, *a)
+
+        llm.engine.proposer.verify_ahead = counted
+        res = llm.generate(prompts, SAMPLED)
+        m = llm.engine.spec_metrics
+        out[ahead] = ([r.outputs[0].token_ids for r in res], log, counts,
+                      (m.num_draft_tokens, m.num_accepted_tokens, list(m.accepted_per_step)))
+        lps[ahead] = [[(lp.token_id, lp.logprob, lp.top) for lp in r.outputs[0].logprobs]
+                      for r in res if r.outputs[0].logprobs]
+    (ids, log, counts, metrics), (ids0, log0, counts0, metrics0) = out[True], out[False]
+    assert ids == ids0 and log == log0 and metrics == metrics0 and lps[True] == lps[False]
+    hist = metrics[2]   # verify steps by drafts accepted: some accept, some reject
+    assert metrics[1] > 0 and sum(hist[1:]) > 0 and hist[K] < sum(hist)
+    steps = sum(verifying) // 2   # every verify step went ahead (the run without: none)
+    assert counts["ahead"] == steps >= 5 and counts["used"] > 0
+    assert counts0 == {"ahead": 0, "used": 0}
+    want = plain(path, prompts[4:5], SAMPLED[4])   # the greedy one: plain decoding's tokens
+    assert ids[4] == want[0]
+
+
+def test_drafts_drawn_from_q_keep_the_usual_step():
+    """With ``sampled_drafts`` (drafts drawn step by step, their q kept on the host) a step
+    with a sampling request does not go ahead; once that request is done the greedy ones do."""
     path, prompts = trained_hybrid_dir(), held_out_prompts(3, 6)
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     params = [greedy, greedy, SamplingParams(max_tokens=4, temperature=0.8, seed=5)]
     llm, log, counts = engine(path, True)
+    llm.engine.proposer.sampled_drafts = True
+    went = []
+    go = llm.engine.proposer.verify_ahead
+
+    def logged(sched, *a):
+        out = go(sched, *a)
+        went.append((any(not s.seq.params.greedy for s in sched.scheduled), out is not None))
+        return out
+
+    llm.engine.proposer.verify_ahead = logged
     outs = llm.generate(prompts, params)
-    want = plain(path, prompts[:2], greedy)
-    assert [o.outputs[0].token_ids for o in outs[:2]] == want
-    # while the sampled request runs no step goes ahead; once it is done the greedy ones do
-    assert counts["ahead"] > 0
-    ahead_llm, _, _ = engine(path, True)
-    sampled_only = ahead_llm.generate(prompts[2:], params[2:])
-    assert sampled_only[0].outputs[0].token_ids == outs[2].outputs[0].token_ids
+    assert [o.outputs[0].token_ids for o in outs[:2]] == plain(path, prompts[:2], greedy)
+    assert not any(g for sampled, g in went if sampled) and any(g for _, g in went)

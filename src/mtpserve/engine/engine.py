@@ -159,7 +159,8 @@ class LLMEngine:
         ahead = None
         if self.proposer is not None:   # their host copies, now that the forward is queued
             self.proposer.resolve_drafts(sched)
-            ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits)
+            ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits,
+                                               self.sampler, self._row)
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
@@ -275,7 +276,8 @@ class LLMEngine:
 
     def _verify(self, sampling, logits, ahead=None) -> None:
         """Verify the drafts of ``sampling``'s sequences against ``logits``; ``ahead``: the
-        proposer's AheadStep (spec/draft_ahead.py), whose argmax targets are used as read."""
+        proposer's AheadStep (spec/draft_ahead.py), whose targets (each row's token if kept,
+        decided on the device) are used as read."""
         items = []
         for s, first in sampling:
             seq, drafts = s.seq, s.draft_token_ids
@@ -283,8 +285,8 @@ class LLMEngine:
             q = seq.draft_probs[: len(drafts)] if seq.draft_probs is not None else None
             items.append(VerifyInput(rows, first, drafts, q))
         state, row = self.runner.state_cache, 0
-        argmax = ahead.targets() if ahead is not None else None
-        for (s, _), res in zip(sampling, verify(self.sampler, logits, items, argmax)):
+        targets = ahead.targets() if ahead is not None else None
+        for (s, _), res in zip(sampling, verify(self.sampler, logits, items, targets)):
             seq = s.seq
             seq.num_computed_tokens += res.num_accepted  # their K/V, written by this pass, stays
             if state is not None and s.draft_token_ids:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mtpserve.engine.forward_batch import to_device
 from mtpserve.engine.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 from mtpserve.outputs import TokenLogprob
 from mtpserve.sampling_params import SamplingParams
@@ -140,7 +141,7 @@ class Sampler:
         if shared:
             gen = self.default_generator(dev)
             draws = torch.empty(len(shared), vocab, device=dev).exponential_(generator=gen)
-            noise.index_copy_(0, torch.tensor(shared, device=dev), draws)
+            noise.index_copy_(0, to_device(shared, torch.int64, dev), draws)
         for i, r in enumerate(rows):
             if not r.params.greedy and r.generator is not None:
                 noise[i] = torch.empty(vocab, device=dev).exponential_(generator=r.generator)
@@ -189,11 +190,17 @@ class Sampler:
                              f"got {list(x.shape)}")
 
 
-def is_plain_greedy(row: SamplingRow) -> bool:
-    """Greedy with nothing that changes the logits (no bias, penalties or min_tokens ban)."""
+def is_plain(row: SamplingRow) -> bool:
+    """Nothing changes the raw logits (no bias, penalties or min_tokens ban): ``process_logits``
+    is a float32 copy, greedy or sampled."""
     p = row.params
-    return (p.greedy and not p.logit_bias and not p.needs_penalties
+    return (not p.logit_bias and not p.needs_penalties
             and (p.min_tokens == 0 or len(row.output_token_ids) >= p.min_tokens))
+
+
+def is_plain_greedy(row: SamplingRow) -> bool:
+    """Greedy with nothing that changes the logits (:func:`is_plain`)."""
+    return row.params.greedy and is_plain(row)
 
 
 def _truncation_mask(scaled: Tensor, rows: Sequence[SamplingRow]) -> Tensor | None:
@@ -212,7 +219,7 @@ def _truncation_mask(scaled: Tensor, rows: Sequence[SamplingRow]) -> Tensor | No
     if need_k or need_p:
         ordered = scaled.sort(dim=1, descending=True).values
         if need_k:
-            kth = ordered.gather(1, torch.tensor(ks, device=dev).unsqueeze(1) - 1)
+            kth = ordered.gather(1, to_device(ks, torch.int64, dev).unsqueeze(1) - 1)
             keep &= scaled >= kth
             ordered = ordered.masked_fill(ordered < kth, float("-inf"))
         if need_p:
@@ -227,4 +234,6 @@ def _truncation_mask(scaled: Tensor, rows: Sequence[SamplingRow]) -> Tensor | No
 
 
 def _column(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.tensor(values, dtype=dtype, device=device).unsqueeze(1)
+    """[len(values), 1] on ``device``, uploaded without blocking the host (speculative
+    sampling on the device runs while the verify forward is still queued: spec/draft_ahead.py)."""
+    return to_device(values, dtype, device).unsqueeze(1)

@@ -1,4 +1,4 @@
-"""Greedy MTP drafting that starts before the host knows what the verify step accepted.
+"""MTP drafting that starts before the host knows what the verify step accepted.
 
 In a synchronous speculative step the host reads the verify forward's targets back, decides
 what was accepted, and only then launches the MTP's ``observe`` forward and the next step's
@@ -21,7 +21,11 @@ greedy sequences nothing there needs the host:
 The host reads back only the targets and the acceptance (:class:`AheadStep`, a copy recorded
 right after the acceptance kernel), so it post-processes, schedules and prepares the next
 verify step while the observe forward and the chain run. The engine takes the targets from
-here instead of reading the argmax again (spec/verify.py ``argmax``), so both decide the same.
+here instead of reading the argmax again (spec/verify.py ``targets``), so both decide the same.
+
+Sampled sequences (their drafts the MTP's argmax, a one-hot q) go the same way: their targets
+are the tokens speculative sampling emits at each row if kept, drawn on the device
+(spec/sampled_ahead.py), and everything above holds with "argmax" read as "target".
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from mtpserve.engine.forward_batch import HostCopy, to_device
-from mtpserve.engine.sampler import SamplingRow, is_plain_greedy
+from mtpserve.engine.sampler import SamplingRow, is_plain
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from mtpserve.spec.mtp_chain import ChainRow
@@ -41,19 +45,21 @@ def decodes(s: ScheduledSeq) -> bool:
     return s.samples and s.num_new_tokens == 1
 
 
-def plain_greedy(s: ScheduledSeq) -> bool:
-    """Whether the target's choice at each of ``s``'s rows is the raw argmax
-    (``is_plain_greedy``: greedy, no bias, penalties or min_tokens ban; row 0 decides, the
-    drafts only add output tokens)."""
+def plain(s: ScheduledSeq, sampled: bool = True) -> bool:
+    """Whether ``s``'s rows choose from the raw logits as they are (``is_plain``: no bias,
+    penalties or min_tokens ban; row 0 decides, the drafts only add output tokens), so the
+    device decides them: greedy rows by the argmax, sampled ones (when ``sampled``) by
+    spec/sampled_ahead.py."""
     seq = s.seq
-    return is_plain_greedy(SamplingRow(seq.params, output_token_ids=seq.output_token_ids))
+    return is_plain(SamplingRow(seq.params, output_token_ids=seq.output_token_ids)) and (
+        sampled or seq.params.greedy)
 
 
-def goes_ahead(s: ScheduledSeq, st) -> bool:
+def goes_ahead(s: ScheduledSeq, st, sampled: bool = True) -> bool:
     """Whether ``s``'s step can go ahead: it decodes (:func:`decodes`: policy, room or token
-    budget may have given it no drafts this step) with plain greedy sampling, and its MTP state
+    budget may have given it no drafts this step) with :func:`plain` rows, and its MTP state
     ``st`` (spec/mtp.py ``_MTPState``, or None) is sound and in step with it."""
-    return (decodes(s) and plain_greedy(s) and st is not None and not st.broken
+    return (decodes(s) and plain(s, sampled) and st is not None and not st.broken
             and st.shadow.num_computed_tokens == s.seq.num_computed_tokens)
 
 

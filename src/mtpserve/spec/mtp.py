@@ -40,11 +40,13 @@ from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
 from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decodes, goes_ahead,
                                        greedy_acceptance, next_budgets, observe_inputs,
-                                       plain_greedy, shadow_tokens)
+                                       plain, shadow_tokens)
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.pending_drafts import PendingDrafts
 from mtpserve.spec.proposer import Proposer
+from mtpserve.spec.sampled_ahead import sample_targets
+from mtpserve.spec.verify import VerifyInput
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -124,23 +126,30 @@ class MTPProposer(Proposer):
     # ---- greedy verify steps: observe and draft before the host reads back (draft_ahead.py) --
     @torch.inference_mode()
     def verify_ahead(self, sched: SchedulerOutput, batch, layout, hidden: torch.Tensor,
-                     logits: torch.Tensor) -> AheadStep | None:
+                     logits: torch.Tensor, sampler=None, row_of=None) -> AheadStep | None:
         """Right after a verify forward is launched: when every sequence decoding its newest
-        token does so with plain greedy sampling (most verifying drafts, some maybe none),
-        compute their acceptance on the device, run ``observe`` over every verified position
-        and the next step's draft chain from the accepted one, all without a host sync; prefill
-        chunks in the step are observed the usual way. ``batch``, ``layout``: the step's
-        ``ModelRunner.prepare`` output (``layout``: each sequence's logits rows); ``hidden``
-        [T, H]: the forward's output per batch token; ``logits`` [N, vocab] per logits row.
-        Returns the step (the engine verifies with its targets), or None when it does not
-        apply (the step goes the usual way)."""
-        work = self._ahead_work(sched)
+        token does so with plain rows (draft_ahead.py ``plain``; most verifying drafts, some
+        maybe none), decide each row's target on the device (greedy: the argmax; sampled:
+        sampled_ahead.py), compute the acceptance there, run ``observe`` over every verified
+        position and the next step's draft chain from the accepted one, all without a host
+        sync; prefill chunks in the step are observed the usual way. ``batch``, ``layout``:
+        the step's ``ModelRunner.prepare`` output (``layout``: each sequence's logits rows);
+        ``hidden`` [T, H]: the forward's output per batch token; ``logits`` [N, vocab] per
+        logits row; ``sampler``, ``row_of(seq, drafts)``: the engine's Sampler and SamplingRow
+        maker (without them only all-greedy steps go ahead). Returns the step (the engine
+        verifies with its targets), or None when it does not apply (the step goes the usual
+        way)."""
+        work = self._ahead_work(sched, sampler is not None)
         if work is None:
             return None
         rows = [i for i, _, _, _ in work]
         tok_f, logit_f, obs_f = ahead_layout(sched, layout, rows)
         counts = [len(sched.scheduled[i].draft_token_ids) for i in rows]
         targets = logits.argmax(-1)
+        sample_targets(sampler, logits, targets, [
+            VerifyInput([row_of(s.seq, s.draft_token_ids[:j]) for j in range(
+                len(s.draft_token_ids) + 1)], layout.rows[i][0], list(s.draft_token_ids), None)
+            for i, s in enumerate(sched.scheduled) if s.samples and not s.seq.params.greedy])
         accepted = greedy_acceptance(targets, batch.input_ids, logit_f, tok_f, counts,
                                      max(counts))
         seqs = [seq for _, seq, _, _ in work]
@@ -159,14 +168,14 @@ class MTPProposer(Proposer):
         self.ahead = ahead
         return ahead
 
-    def _ahead_work(self, sched: SchedulerOutput
+    def _ahead_work(self, sched: SchedulerOutput, can_sample: bool = True
                     ) -> list[tuple[int, Sequence, _MTPState, list[int]]] | None:
         """Per decoding sequence (its index in ``sched.scheduled``, the sequence, its MTP state,
         its next budget if v drafts get accepted for v = 0..its drafts) when the step can go
         ahead, else None: a verify step whose decoding sequences all qualify (draft_ahead.py
         ``goes_ahead``), whose other sampling rows (prefill chunks that end their prompt) are
-        plain greedy too (the engine verifies every row with the argmax read here). Then grows
-        each shadow's
+        plain too (the engine verifies every row with the targets decided here; sampled rows
+        only with ``can_sample``: the engine's sampler at hand). Then grows each shadow's
         blocks for the observe over all its verified positions and the longest chain of any
         acceptance (more than the usual path takes); a step that fails the checks takes none,
         one whose shadow pool runs short part-way keeps the blocks already grown (its
@@ -177,8 +186,11 @@ class MTPProposer(Proposer):
             return None
         rows = [i for i, s in enumerate(scheduled) if decodes(s)]
         states = [self.states.get(scheduled[i].seq.request_id) for i in rows]
-        if not (all(goes_ahead(scheduled[i], st) for i, st in zip(rows, states))
-                and all(plain_greedy(s) for s in scheduled if s.samples)):
+        # sampled rows: when the engine lends its sampler, and not with drafts drawn from q
+        # (their residual needs q, kept on the host)
+        sampled = can_sample and not self.sampled_drafts
+        if not (all(goes_ahead(scheduled[i], st, sampled) for i, st in zip(rows, states))
+                and all(plain(s, sampled) for s in scheduled if s.samples)):
             return None
         work = []
         for i, st in zip(rows, states):

@@ -71,11 +71,13 @@ class Proposer(ABC):
         """After the step's forward is launched, before its drafts are verified: the real ids
         in place of placeholders (spec/pending_drafts.py). Nothing for host-side proposers."""
 
-    def verify_ahead(self, sched, batch, layout, hidden: torch.Tensor, logits: torch.Tensor):
+    def verify_ahead(self, sched, batch, layout, hidden: torch.Tensor, logits: torch.Tensor,
+                     sampler=None, row_of=None):
         """Right after a verify forward is launched: a proposer that drafts from the device
         may decide the acceptance there and start its next drafts before the host reads back
         (spec/draft_ahead.py); it returns an ``AheadStep`` whose targets the engine verifies
-        with. None (the default): the step goes the usual way."""
+        with. ``sampler``, ``row_of(seq, drafts)``: the engine's Sampler and SamplingRow maker,
+        for sampled rows. None (the default): the step goes the usual way."""
         return None
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:

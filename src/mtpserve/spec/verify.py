@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mtpserve.engine.forward_batch import to_device
 from mtpserve.engine.sampler import Sampler, SamplingRow, is_plain_greedy
 from mtpserve.outputs import TokenLogprob
 
@@ -46,33 +47,36 @@ class VerifyResult:
 
 
 def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput],
-           argmax: list[int] | None = None) -> list[VerifyResult]:
+           targets: list[int] | None = None) -> list[VerifyResult]:
     """Verify every sequence's drafts against the target's logits [N, V] (raw, float32).
 
     Greedy sequences need only the target's argmax per row, read to the host in one transfer;
-    the sampling distribution p is built only for sampled sequences. ``argmax``: that argmax
-    per logits row, already on the host (spec/draft_ahead.py; only when every row is plain
-    greedy: no bias, penalties or min_tokens ban).
+    the sampling distribution p is built only for sampled sequences. ``targets``: per logits
+    row, the token the step emits there if the row is kept, already decided on the device
+    (spec/draft_ahead.py: the argmax of plain greedy rows, spec/sampled_ahead.py's speculative
+    sampling of plain sampled rows); every sequence then accepts the longest prefix of drafts
+    equal to its targets and emits the target after it.
     """
     order = [it.first_row + i for it in items for i in range(len(it.rows))]
     raw = logits if order == list(range(len(order))) else \
-        logits[torch.tensor(order, device=logits.device)]
+        logits.index_select(0, to_device(order, torch.int64, logits.device))
     starts, n = [], 0
     for it in items:
         starts.append(n)
         n += len(it.rows)
-    greedy = [i for i, it in enumerate(items) if it.rows[0].params.greedy]
-    sampled = [i for i, it in enumerate(items) if not it.rows[0].params.greedy]
-    if argmax is not None:
-        targets = [[argmax[items[i].first_row + r] for r in range(len(items[i].rows))]
-                   for i in greedy]
+    decided = targets is not None
+    greedy = [i for i, it in enumerate(items) if decided or it.rows[0].params.greedy]
+    sampled = [i for i, it in enumerate(items) if not (decided or it.rows[0].params.greedy)]
+    if decided:
+        chosen = [[targets[items[i].first_row + r] for r in range(len(items[i].rows))]
+                  for i in greedy]
     else:
-        targets = _greedy_targets(sampler, raw, [items[i] for i in greedy],
-                                  [starts[i] for i in greedy])
+        chosen = _greedy_targets(sampler, raw, [items[i] for i in greedy],
+                                 [starts[i] for i in greedy])
     p = _target_probs(sampler, raw, [items[i] for i in sampled], [starts[i] for i in sampled])
     results: list[VerifyResult | None] = [None] * len(items)
     for j, i in enumerate(greedy):
-        tokens, accepted = _verify_greedy(targets[j], items[i].drafts)
+        tokens, accepted = _verify_greedy(chosen[j], items[i].drafts)
         results[i] = VerifyResult(tokens, _logprobs(sampler, raw, starts[i], tokens, items[i]),
                                   accepted)
     for j, i in enumerate(sampled):
@@ -87,7 +91,7 @@ def _rows_of(raw: Tensor, items: list[VerifyInput], starts: list[int]):
     rows = [r for it in items for r in it.rows]
     if idx == list(range(idx[0], idx[0] + len(idx))):  # contiguous (e.g. all greedy): a view
         return raw[idx[0]:idx[0] + len(idx)], rows
-    return raw[torch.tensor(idx, device=raw.device)], rows
+    return raw.index_select(0, to_device(idx, torch.int64, raw.device)), rows
 
 
 def _greedy_targets(sampler: Sampler, raw: Tensor, items, starts) -> list[list[int]]:
