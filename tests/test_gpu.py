@@ -226,7 +226,7 @@ def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
     """Tiny hybrid (float32) on CUDA, captured graphs: drafting ahead (spec/draft_ahead.py:
     acceptance on the device, observe over every verified position, the chain's layout picked
     on the device) proposes, step after step, the drafts of the usual step, and both generate
-    the CPU's plain greedy tokens."""
+    the CPU's plain greedy tokens; sampling requests generate the same tokens both ways."""
     import sys
     sys.path.insert(0, "tests")
     from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
@@ -251,6 +251,17 @@ def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
         logs[ahead] = log
         assert (counts["used"] > 0) == ahead
     assert logs[True] == logs[False]
+    # sampling requests (spec/sampled_ahead.py): the device's speculative sampling emits the
+    # host verification's tokens, seeded or from the shared generator
+    sampled = [SamplingParams(max_tokens=n, temperature=t, seed=s, top_p=tp, ignore_eos=True)
+               for n, t, s, tp in ((9, 0.8, 1, 1.0), (12, 1.0, None, 0.9), (15, 0.6, 3, 1.0),
+                                   (6, 0.0, None, 1.0))]
+    runs = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead, device="cuda", seed=7, **kw)
+        runs[ahead] = ([r.outputs[0].token_ids for r in llm.generate(prompts, sampled)], log)
+        assert (counts["ahead"] > 0) == ahead
+    assert runs[True] == runs[False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
