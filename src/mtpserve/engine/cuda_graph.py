@@ -111,14 +111,6 @@ class CudaGraphRunner:
                     self.tokens(last), time.perf_counter() - t0, self.costs[first] * 1e3,
                     self.tokens(first), self.costs[last] * 1e3, self.tokens(last))
 
-    @torch.inference_mode()
-    def dry_forwards(self) -> None:
-        """One forward per key over fresh static inputs, as ``capture`` runs them: inside
-        ``compiling_ahead`` this only queues the Triton compiles the capture will need (the
-        engine's start runs it beside the profiling run's, so all compile at once)."""
-        for key in reversed(self.keys()):
-            self._forward(self._static_batch(key))
-
     def _forward(self, batch: ForwardBatch):
         hidden = self.runner.model(batch)
         return hidden, self.runner.model.compute_logits(hidden)

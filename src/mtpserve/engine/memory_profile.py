@@ -39,14 +39,9 @@ def profile_peak_bytes(runner) -> int:
     if runner.state_cache is not None:
         seq.state_slot = runner.state_cache.alloc()
     sched = SchedulerOutput([ScheduledSeq(seq, n, [])])
-    # dry forwards: the Triton kernels of this step and of every CUDA graph to be captured
-    # compile at once, in parallel, not in two rounds (the graphs' after the KV cache is sized)
-    with compiling_ahead() as ahead:
+    with compiling_ahead() as ahead:   # a dry forward: the step's Triton kernels compile at once
         if ahead:
             runner.execute(runner.prepare(sched)[0])
-            if not cfg.enforce_eager:
-                runner.pad_slot = blocks * runner.block_size   # this cache's spare block
-                runner.graph_runner().dry_forwards()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()

@@ -177,12 +177,6 @@ class ModelRunner:
         the engine's config, so its graphs have the target's token limit."""
         if self.device.type != "cuda":
             return
-        self.graphs = self.graph_runner(runner_cls)
-        self.graphs.capture()
-
-    def graph_runner(self, runner_cls=None):
-        """The graph runner ``capture_cuda_graphs`` captures, built over the current KV cache
-        and nothing captured yet (memory_profile.py also runs its dry forwards early)."""
         from mtpserve.engine.cuda_graph import CudaGraphRunner, graph_sizes
         from mtpserve.engine.hybrid_graph import HybridGraphRunner
 
@@ -191,10 +185,12 @@ class ModelRunner:
         limit = self.graph_token_limit()
         max_blocks = -(-self.max_model_len // self.block_size)
         if self.state_cache is not None:
-            return HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
-                                     self.part_size)
-        return (runner_cls or CudaGraphRunner)(
-            self, graph_sizes(limit), self.config.max_num_seqs, max_blocks, self.part_size)
+            self.graphs = HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
+                                            self.part_size)
+        else:
+            self.graphs = (runner_cls or CudaGraphRunner)(
+                self, graph_sizes(limit), self.config.max_num_seqs, max_blocks, self.part_size)
+        self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
