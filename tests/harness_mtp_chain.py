@@ -23,6 +23,11 @@ class Budgets:
         i = self.index.setdefault(seq.request_id, len(self.index))
         return (i + self.step) % (self.k + 1)
 
+    def num_drafts_after(self, seq, num_drafts: int, num_accepted: int) -> int:
+        """What ``num_drafts`` answers next step (DraftLengthPolicy's preview)."""
+        i = self.index.setdefault(seq.request_id, len(self.index))
+        return (i + self.step + 1) % (self.k + 1)
+
     def record(self, *args) -> None: ...
 
     def record_step(self, *args) -> None: ...

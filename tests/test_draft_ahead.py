@@ -205,3 +205,63 @@ def test_drafts_drawn_from_q_keep_the_usual_step():
     outs = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs[:2]] == plain(path, prompts[:2], greedy)
     assert not any(g for sampled, g in went if sampled) and any(g for _, g in went)
+
+
+def test_the_adaptive_policy_plans_the_chain_ahead_as_it_will_ask():
+    """With the adaptive draft-length policy, drafts planned ahead for each acceptance are
+    what the policy then asks (``DraftLengthPolicy.num_drafts_after``), not k: for every
+    sequence the next step's budget is the one planned for the acceptance that happened, the
+    chain runs fewer steps where the policy asks fewer, and only the step after the prefill
+    needs the usual chain. Tokens, drafts and acceptance equal the run without drafting
+    ahead."""
+    path, prompts = trained_hybrid_dir(), held_out_prompts(6, 6)
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)] * 6
+    runs = {}
+    for ahead in (True, False):
+        llm = LLM(str(path), speculative_algorithm="nextn", speculative_num_steps=K,
+                  speculative_adaptive=True, **KW)
+        p = llm.engine.proposer
+        p.draft_ahead = ahead
+        events, usual, variants, go = [], p._chain_drafts, p.chain.run_variants, p.verify_ahead
+
+        def counted(active, usual=usual):
+            events.append(("usual", None))
+            return usual(active)
+
+        def planned(hidden, rows, accepted, steps, variants=variants):
+            events.append(("steps", steps))
+            return variants(hidden, rows, accepted, steps)
+
+        def logged(work, draft=p.draft):
+            events.append(("draft", {s.request_id: b for s, b in work}))
+            draft(work)
+
+        def went(*a, go=go):
+            out = go(*a)
+            events.append(("ahead", out))
+            return out
+
+        p._chain_drafts, p.chain.run_variants, p.draft, p.verify_ahead = (counted, planned,
+                                                                          logged, went)
+        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        m = llm.engine.spec_metrics
+        drafts = [e for kind, e in events if kind == "draft"]
+        runs[ahead] = (ids, drafts, list(m.accepted_per_step), events)
+    assert runs[True][:3] == runs[False][:3]
+    assert runs[True][0] == plain(path, prompts, params)
+    events = runs[True][3]
+    checked, last = 0, None
+    for kind, e in events:
+        if kind == "ahead":
+            last = e
+        elif kind == "draft" and last is not None:
+            for rid, budget in e.items():
+                row = last.rows.get(rid)
+                if row is not None:
+                    assert budget == last.budgets[row][last.accepted(row)]
+                    checked += 1
+    assert checked >= 30
+    kinds = [k for k, _ in events]
+    steps = [e for k, e in events if k == "steps"]
+    assert kinds.count("usual") == 1 and len(steps) >= 10
+    assert min(steps) < K and max(steps) == K   # the policy's budgets, not always k

@@ -56,6 +56,29 @@ def test_an_idle_request_drifts_back_and_tries_again():
     assert p.num_drafts(s) >= 1
 
 
+def test_the_answer_after_a_step_is_previewed_without_changing_anything():
+    """num_drafts_after(seq, m, j) is what num_drafts answers once (m, j) is recorded, for a
+    new request, one with evidence, one drafting nothing (m = 0), and one at the edge where the
+    answer drops to 0 (its drift must not run early)."""
+    for history, m in (([], 3), ([(3, 3)] * 2, 3), ([(3, 1)] * 3, 2), ([(3, 0)] * 3, 0),
+                       ([(3, 0)] * 4, 3)):
+        for j in range(m + 1):
+            p, q = DraftLengthPolicy(3, 0.15), DraftLengthPolicy(3, 0.15)
+            a, b = seq("a"), seq("a")
+            for mm, jj in history:
+                p.record(a, mm, jj)
+                q.record(b, mm, jj)
+            preview = [p.num_drafts_after(a, m, j) for _ in range(3)]   # no side effects
+            assert p.acceptance(a) == q.acceptance(b)
+            q.record(b, m, j)
+            assert preview == [q.num_drafts(b)] * 3, (history, m, j)
+    p = DraftLengthPolicy(3, 0.15)   # the answers really differ with the acceptance
+    s = seq()
+    p.record(s, 3, 0)
+    p.record(s, 3, 0)
+    assert p.num_drafts_after(s, 3, 3) > p.num_drafts_after(s, 3, 0)
+
+
 def test_measured_step_costs_stop_drafting_when_verify_steps_get_expensive():
     """With measured step times: at batch 1 verify steps cost what a decode step costs, so every
     draft pays; at batch 64 a step of 64 x (1 + m) tokens costs ~(1 + m) times more, and even a

@@ -159,7 +159,8 @@ class AheadStep:
             (``L - 1``).
 
     After construction the proposer sets ``hidden`` (the MTP output at each row's accepted
-    position, [B, H]), ``drafts`` ([B, m] int64, the next step's chain drafts) and ``budgets``
+    position, [B, H]), ``drafts`` ([B, m] int64, the next step's chain drafts; None when no
+    row drafts next step) and ``budgets``
     (per row, the drafts planned for it if v drafts get accepted, v = 0..its drafts).
     """
 

@@ -164,7 +164,9 @@ class MTPProposer(Proposer):
                     for v in range(max(counts) + 1)]
         steps = max(max(b) for _, _, _, b in work)
         ahead.budgets = [b for _, _, _, b in work]
-        ahead.drafts = self.chain.run_variants(ahead.hidden, variants, accepted, max(steps, 1))
+        # no chain when no variant of any row will draft next step (the policy says 0)
+        ahead.drafts = (self.chain.run_variants(ahead.hidden, variants, accepted, steps)
+                        if steps else None)
         self.ahead = ahead
         return ahead
 
@@ -195,13 +197,23 @@ class MTPProposer(Proposer):
         work = []
         for i, st in zip(rows, states):
             s = scheduled[i]
-            budgets = next_budgets(s.seq, len(s.draft_token_ids), self.k)
+            budgets = self._next_budgets(s)
             if not self.bm.allocate(st.shadow, shadow_tokens(s.seq, budgets)):
                 return None
             work.append((i, s.seq, st, budgets))
         for i, seq, st, _ in work:
             st.shadow.token_ids = seq.token_ids[1:] + [0] * (1 + len(scheduled[i].draft_token_ids))
         return work
+
+    def _next_budgets(self, s: ScheduledSeq) -> list[int]:
+        """Per v = 0..``s``'s drafts: the drafts its next step will ask if v get accepted
+        (draft_ahead.py ``next_budgets``, capped by the policy's answer after recording v), so
+        the chain planned ahead runs no step the next one will not use."""
+        m = len(s.draft_token_ids)
+        budgets = next_budgets(s.seq, m, self.k)
+        if self.policy is None:
+            return budgets
+        return [min(b, self.policy.num_drafts_after(s.seq, m, v)) for v, b in enumerate(budgets)]
 
     def _observed_ahead(self, items):
         """Finish the step observed ahead for ``items`` it covers (the accepted count the host
@@ -220,7 +232,7 @@ class MTPProposer(Proposer):
             st.last_hidden = ahead.hidden[row]
             budgets = ahead.budgets[row]
             rows[seq.request_id] = (row, seq.num_tokens, budgets[hidden.shape[0] - 1])
-        self._ahead_drafts = (ahead.drafts, rows) if rows else None
+        self._ahead_drafts = (ahead.drafts, rows) if rows and ahead.drafts is not None else None
         return rest
 
     # ---- drafting ------------------------------------------------------------------------------

@@ -89,7 +89,24 @@ class DraftLengthPolicy:
 
     def num_drafts(self, seq: Sequence) -> int:
         """Best m in 0..k for this request now."""
-        a = min(self.acceptance(seq), 0.999)
+        best = self._best(self.acceptance(seq))
+        if best == 0:  # not drafting: drift back towards the prior so that it tries again
+            self._update(seq, 0, 0, idle=True)
+        return best
+
+    def num_drafts_after(self, seq: Sequence, num_drafts: int, num_accepted: int) -> int:
+        """What :meth:`num_drafts` will answer for ``seq`` once a verify step of ``num_drafts``
+        drafts that accepted ``num_accepted`` is recorded, priced at this step's batch size;
+        changes nothing (drafting ahead plans the next drafts before the step is read back:
+        spec/draft_ahead.py)."""
+        e = self._est.get(seq.request_id)
+        if num_drafts:
+            e = _updated(e or self._start(), num_drafts, num_accepted, self.decay)
+        return self._best(self.prior if e is None else e.successes / e.trials)
+
+    def _best(self, acceptance: float) -> int:
+        """The m in 0..k of the highest E(m) / C(m) at this step's costs."""
+        a = min(acceptance, 0.999)
         if self._costs is None:
             self._costs = [1.0] + [self._relative_cost(m) for m in range(1, self.k + 1)]
         best, best_rate = 0, 1.0
@@ -97,8 +114,6 @@ class DraftLengthPolicy:
             rate = (1 - a ** (m + 1)) / (1 - a) / self._costs[m]
             if rate > best_rate:
                 best, best_rate = m, rate
-        if best == 0:  # not drafting: drift back towards the prior so that it tries again
-            self._update(seq, 0, 0, idle=True)
         return best
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
@@ -108,12 +123,18 @@ class DraftLengthPolicy:
     def forget(self, seq: Sequence) -> None:
         self._est.pop(seq.request_id, None)
 
+    def _start(self) -> _Estimate:
+        return _Estimate(self.prior * self.prior_weight, self.prior_weight)
+
     def _update(self, seq: Sequence, m: int, j: int, idle: bool = False) -> None:
-        e = self._est.setdefault(seq.request_id, _Estimate(self.prior * self.prior_weight,
-                                                           self.prior_weight))
+        e = self._est.setdefault(seq.request_id, self._start())
         if idle:
             w = 1 - self.decay ** 0.25
             e.successes += w * (self.prior * e.trials - e.successes)
             return
-        e.successes = self.decay * e.successes + j
-        e.trials = self.decay * e.trials + j + (1 if j < m else 0)
+        self._est[seq.request_id] = _updated(e, m, j, self.decay)
+
+
+def _updated(e: _Estimate, m: int, j: int, decay: float) -> _Estimate:
+    """``e`` after a verify step of m drafts that accepted j (see the module doc)."""
+    return _Estimate(decay * e.successes + j, decay * e.trials + j + (1 if j < m else 0))
