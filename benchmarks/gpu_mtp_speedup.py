@@ -4,9 +4,11 @@ Random weights accept (almost) nothing, so the acceptance is forced: the MTP eng
 always (observe, chain, draft heads all run on the device), then the drafts it proposes are
 replaced by the target's own greedy continuation (read from a plain engine over the same
 weights), right for the first ``a`` and wrong after, so every verify step of k drafts accepts
-exactly ``a`` and emits ``a + 1`` tokens. The output must equal plain decoding (checked). Batch
-1, greedy, adaptive off, a prompt of 128 tokens, ``--new`` tokens per request; time per step and
-per emitted token (median over decode steps), and the speedup over plain decoding. In bf16 the
+exactly ``a`` and emits ``a + 1`` tokens. Batch 1, greedy, a prompt of 128 tokens, ``--new``
+tokens per request, adaptive policy off: time per step (median over decode steps), tokens per
+step, time per token and the speedup over plain decoding. ``--adaptive``: the policy on, as the
+server runs by default; it drafts fewer (a step of m drafts accepts min(a, m)) or none where
+drafts do not pay, so steps differ and time per token is total decode time over tokens. In bf16 the
 verify forward (1 + k rows) may break a near tie the other way than the decode forward: the
 output is then compared with plain decoding and the first difference reported with plain
 decoding's top-2 margin there, and the forcing follows the MTP engine's own output.
@@ -21,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -41,9 +44,20 @@ def build(shape: str, device: str, spec: SpeculativeConfig | None) -> LLMEngine:
     return LLMEngine(cfg, files=random_model_files(shape, device=device))
 
 
-def run(eng: LLMEngine, new: int, logprobs: int | None = None):
-    """One greedy request: (its tokens, median seconds per decode step, tokens per step, and
-    with ``logprobs`` each token's top-1 minus top-2 logprob, in nats)."""
+class Run(NamedTuple):
+    """One request's tokens, median seconds per decode step, mean tokens per decode step, each
+    token's top-1 minus top-2 logprob in nats (with ``logprobs``, else empty), and all decode
+    steps' seconds over their tokens."""
+
+    tokens: list[int]
+    step: float
+    per_step: float
+    margins: list[float]
+    total_per_token: float
+
+
+def run(eng: LLMEngine, new: int, logprobs: int | None = None) -> Run:
+    """One greedy request through ``eng`` (``logprobs``: ask for the top 2, for margins)."""
     rid = f"r{time.monotonic_ns()}"
     eng.add_request(rid, PROMPT, SamplingParams(max_tokens=new, temperature=0.0,
                                                 ignore_eos=True, logprobs=logprobs))
@@ -59,7 +73,8 @@ def run(eng: LLMEngine, new: int, logprobs: int | None = None):
         if decoding and n:
             times.append(time.perf_counter() - t)
             emitted.append(n)
-    return tokens, statistics.median(times), statistics.mean(emitted), margins
+    return Run(tokens, statistics.median(times), statistics.mean(emitted), margins,
+               sum(times) / sum(emitted))
 
 
 def force_acceptance(eng: LLMEngine, reference: list[int], accept: int) -> None:
@@ -85,22 +100,23 @@ def force_acceptance(eng: LLMEngine, reference: list[int], accept: int) -> None:
     p._draft_greedy = forced
 
 
-def forced_run(eng: LLMEngine, reference: list[int], accept: int, new: int, tries: int = 4):
+def forced_run(eng: LLMEngine, reference: list[int], accept: int, new: int,
+               tries: int = 4) -> tuple[Run, list[int]]:
     """``run`` with ``accept`` drafts forced right per step. The drafts come from ``reference``;
     when the engine's own greedy output differs from it (a near tie that the verify forward's
     kernels, 1 + k rows, break the other way than the decode forward's in bf16), the forcing
     is redone from the engine's output until they agree, so every verify step accepts exactly
-    ``accept``. Returns run's first three values and the reference forced last.
+    ``accept``. Returns the run and the reference forced last.
 
     Raises:
         RuntimeError: no agreement after ``tries`` runs.
     """
     for _ in range(tries):
         force_acceptance(eng, reference, accept)
-        tokens, step, per_step, _ = run(eng, new)
-        if tokens == reference:
-            return tokens, step, per_step, reference
-        reference = tokens
+        r = run(eng, new)
+        if r.tokens == reference:
+            return r, reference
+        reference = r.tokens
     raise RuntimeError(f"a={accept}: the forced output did not settle in {tries} runs")
 
 
@@ -121,21 +137,25 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="the adaptive draft-length policy on (the server's default): where "
+                         "drafts do not pay it drafts fewer or none")
     ap.add_argument("--json")
     a = ap.parse_args()
     plain = build(a.shape, a.device, None)
     plain.warmup()
-    reference, plain_step, _, _ = run(plain, a.new)
-    margins = run(plain, a.new, logprobs=2)[3]
+    reference, plain_step = run(plain, a.new)[:2]
+    margins = run(plain, a.new, logprobs=2).margins
     del plain
     print(f"{a.shape}: plain decode {plain_step * 1e3:.3f} ms/token")
-    spec = SpeculativeConfig(algorithm="nextn", num_steps=a.k, adaptive=False)
+    spec = SpeculativeConfig(algorithm="nextn", num_steps=a.k, adaptive=a.adaptive)
     eng = build(a.shape, a.device, spec)
     eng.warmup()
-    rows = {"plain_ms_per_token": plain_step * 1e3, "accepted": {}}
+    rows = {"plain_ms_per_token": plain_step * 1e3, "adaptive": a.adaptive, "accepted": {}}
     for accept in range(a.k + 1):
-        tokens, step, per_step, ref = forced_run(eng, reference, accept, a.new)
-        per_token = step / per_step
+        r, _ = forced_run(eng, reference, accept, a.new)
+        tokens, step, per_step = r.tokens, r.step, r.per_step
+        per_token = r.total_per_token if a.adaptive else step / per_step
         row = dict(step_ms=step * 1e3, tokens_per_step=per_step, ms_per_token=per_token * 1e3,
                    speedup=plain_step / per_token, **divergence(reference, tokens, margins))
         rows["accepted"][accept] = row

@@ -22,7 +22,7 @@ K, NEW = 3, 17
 @pytest.fixture(scope="module")
 def reference():
     with one_thread():
-        return bench.run(bench.build("tiny-qwen3-next", "cpu", None), NEW)[0]
+        return bench.run(bench.build("tiny-qwen3-next", "cpu", None), NEW).tokens
 
 
 @pytest.mark.parametrize("accept", [0, 2, 3])
@@ -31,7 +31,7 @@ def test_forced_acceptance_accepts_exactly_that_many(reference, accept):
         eng = bench.build("tiny-qwen3-next", "cpu",
                           SpeculativeConfig(algorithm="nextn", num_steps=K, adaptive=False))
         bench.force_acceptance(eng, reference, accept)
-        tokens, _, _, _ = bench.run(eng, NEW)
+        tokens = bench.run(eng, NEW).tokens
     assert tokens == reference
     m = eng.spec_metrics
     hist = list(m.accepted_per_step)   # verify steps by drafts accepted
@@ -48,10 +48,11 @@ def test_forcing_settles_on_the_engines_own_output(reference):
     with one_thread():
         eng = bench.build("tiny-qwen3-next", "cpu",
                           SpeculativeConfig(algorithm="nextn", num_steps=K, adaptive=False))
-        tokens, _, _, ref = bench.forced_run(eng, wrong, 2, NEW)
+        got, ref = bench.forced_run(eng, wrong, 2, NEW)
+        tokens = got.tokens
         m = eng.spec_metrics
         before, steps = list(m.accepted_per_step), m.num_verify_steps
-        again, _, _, _ = bench.run(eng, NEW)   # the forcing left in place: the settled one
+        again = bench.run(eng, NEW).tokens   # the forcing left in place: the settled one
     assert tokens == ref == reference == again
     hist = [x - y for x, y in zip(m.accepted_per_step, before)]
     assert sum(hist[3:]) == 0 and hist[2] >= m.num_verify_steps - steps - 2 >= 3
