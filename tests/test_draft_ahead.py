@@ -265,3 +265,44 @@ def test_the_adaptive_policy_plans_the_chain_ahead_as_it_will_ask():
     steps = [e for k, e in events if k == "steps"]
     assert kinds.count("usual") == 1 and len(steps) >= 10
     assert min(steps) < K and max(steps) == K   # the policy's budgets, not always k
+
+
+def test_a_short_mtp_pool_drafts_as_the_usual_step():
+    """The MTP's shadow pool (as many blocks as the target's) runs short under preemption.
+    Drafting ahead grows each shadow for every acceptance's chain; it must not leave the pool
+    shorter than the usual step does (a shadow that then finds no block is broken for good, a
+    chain cut shorter): the same drafts, acceptance and preemptions as without drafting
+    ahead, not only the same greedy tokens."""
+    path, prompts = trained_hybrid_dir(), held_out_prompts(8, 6, seed=5)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (20, 7, 15, 25, 11, 26, 9, 18)]
+    kw = dict(max_model_len=64, num_kv_blocks=32)
+    runs = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead, **kw)
+        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        m = llm.engine.spec_metrics
+        runs[ahead] = (ids, log, (m.num_draft_tokens, m.num_accepted_tokens,
+                                  list(m.accepted_per_step)),
+                       llm.engine.scheduler.num_preemptions, counts)
+    assert runs[True][0] == runs[False][0] == plain(path, prompts, params, **kw)
+    assert runs[True][1:4] == runs[False][1:4]
+    assert runs[True][3] > 0 and runs[True][4]["ahead"] >= 5
+
+
+def test_sampled_requests_under_a_short_mtp_pool_emit_the_usual_tokens():
+    """Sampling requests draw from their generators once per draft: a sequence drafting
+    ahead must get the drafts it gets without (here the shadow pool runs short under
+    preemption), or its tokens, and those of every request on the shared generator, differ."""
+    path, prompts = trained_hybrid_dir(), held_out_prompts(8, 6)
+    params = [SamplingParams(max_tokens=20, temperature=t, seed=s, ignore_eos=True)
+              for t, s in zip([1e-3, 1e-5, 2e-5, 5.0, 50.0, 0.3, 1.0, 1e-4],
+                              [1, 2, None, None, 5, 6, 7, 8])]
+    kw = dict(max_model_len=48, num_kv_blocks=14)
+    runs = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(path, ahead, **kw)
+        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        runs[ahead] = (ids, log, llm.engine.scheduler.num_preemptions, counts)
+    assert runs[True][:3] == runs[False][:3]
+    assert runs[True][2] > 0 and runs[True][3]["ahead"] > 0

@@ -57,6 +57,9 @@ class _MTPState:
     last_hidden: torch.Tensor | None   # MTP output at the newest valid pair: draft 1's logits
     generator: torch.Generator | None
     broken: bool = False        # the MTP cache ran out of blocks: no more drafts for it
+    # shadow blocks held before a verify step drafting ahead grew them (what the usual step
+    # holds then); the read-back trims the shadow back to what the usual observe leaves
+    usual_blocks: int = 0
 
 
 class MTPProposer(Proposer):
@@ -179,9 +182,13 @@ class MTPProposer(Proposer):
         plain too (the engine verifies every row with the targets decided here; sampled rows
         only with ``can_sample``: the engine's sampler at hand). Then grows each shadow's
         blocks for the observe over all its verified positions and the longest chain of any
-        acceptance (more than the usual path takes); a step that fails the checks takes none,
-        one whose shadow pool runs short part-way keeps the blocks already grown (its
-        sequences' chains use them) and goes the usual way."""
+        acceptance (more than the usual path takes). A step that fails the checks takes none,
+        nor one whose growth and the usual observe of the step's other sequences (prefill
+        chunks) do not all fit in the free blocks: the pool must run short exactly where the
+        usual step's does (a shadow that finds no block breaks for good, a chain gets cut),
+        else drafts, hence a sampling request's draws, differ. The extra blocks go back at the
+        read-back (:meth:`_observed_ahead`) and the next step's chains take theirs as the usual
+        chain does (:meth:`_draft_greedy`)."""
         scheduled = sched.scheduled
         if not (self.draft_ahead and self.use_chain and any(s.draft_token_ids
                                                              for s in scheduled)):
@@ -194,16 +201,31 @@ class MTPProposer(Proposer):
         if not (all(goes_ahead(scheduled[i], st, sampled) for i, st in zip(rows, states))
                 and all(plain(s, sampled) for s in scheduled if s.samples)):
             return None
-        work = []
-        for i, st in zip(rows, states):
-            s = scheduled[i]
-            budgets = self._next_budgets(s)
-            if not self.bm.allocate(st.shadow, shadow_tokens(s.seq, budgets)):
-                return None
-            work.append((i, s.seq, st, budgets))
+        work = [(i, scheduled[i].seq, st, self._next_budgets(scheduled[i]))
+                for i, st in zip(rows, states)]
+        need = sum(self.bm.blocks_needed(st.shadow, shadow_tokens(seq, b))
+                   for _, seq, st, b in work)
+        decoding = set(rows)
+        need += sum(self._observe_blocks(s) for i, s in enumerate(scheduled)
+                    if i not in decoding)
+        if need > self.bm.num_free_blocks:
+            return None
+        for _, seq, st, b in work:
+            st.usual_blocks = len(st.shadow.block_table)
+            self.bm.allocate(st.shadow, shadow_tokens(seq, b))
         for i, seq, st, _ in work:
             st.shadow.token_ids = seq.token_ids[1:] + [0] * (1 + len(scheduled[i].draft_token_ids))
         return work
+
+    def _observe_blocks(self, s: ScheduledSeq) -> int:
+        """Shadow blocks :meth:`observe` takes for the prefill chunk ``s`` this step (at most:
+        a chunk that finishes its request is not observed)."""
+        st = self.states.get(s.seq.request_id)
+        if st is not None and st.broken:
+            return 0
+        tokens = s.seq.num_computed_tokens + s.num_new_tokens
+        held = len(st.shadow.block_table) if st is not None else 0
+        return max(0, -(-tokens // self.bm.block_size) - held)
 
     def _next_budgets(self, s: ScheduledSeq) -> list[int]:
         """Per v = 0..``s``'s drafts: the drafts its next step will ask if v get accepted
@@ -229,6 +251,10 @@ class MTPProposer(Proposer):
                 continue
             st.shadow.token_ids = seq.token_ids[1:]
             st.shadow.num_computed_tokens = start + hidden.shape[0]
+            # the blocks the usual observe leaves (the chain made ahead has run or is queued
+            # before any forward that reuses them)
+            self.bm.trim(st.shadow, max(st.usual_blocks * self.bm.block_size,
+                                        start + hidden.shape[0]))
             st.last_hidden = ahead.hidden[row]
             budgets = ahead.budgets[row]
             rows[seq.request_id] = (row, seq.num_tokens, budgets[hidden.shape[0] - 1])
@@ -266,6 +292,13 @@ class MTPProposer(Proposer):
         on CUDA one graph replay) for the others (sequences just out of prefill, ones the last
         step left out)."""
         rows = self._ahead_rows(active)
+        if any(r is not None for r in rows):
+            # shadow blocks for every row's chain as the usual chain takes them, in its order
+            # (the read-back gave back those taken ahead): cut where it would be cut
+            plan = [ChainRow(st.shadow.block_table, seq.num_tokens, budget)
+                    for seq, budget, st in active]
+            self._allocate_chain(active, plan)
+            active = [(seq, r.budget, st) for (seq, _, st), r in zip(active, plan)]
         made = [a for a, r in zip(active, rows) if r is not None]
         rest = [a for a, r in zip(active, rows) if r is None]
         parts, budgets = [], [budget for _, budget, _ in made]
