@@ -80,3 +80,69 @@ def test_a_sequence_whose_rows_are_all_past_the_items_is_left_alone():
     assert targets[4:].tolist() == [4, 5, 6, 7, 8]
     sample_targets(Sampler(V), logits, targets, [])   # nothing to do
     assert targets[4:].tolist() == [4, 5, 6, 7, 8]
+
+
+def test_drafts_outside_top_k_and_drafts_holding_all_the_mass():
+    """Edge rows of speculative sampling with one-hot drafts, on the device path against the
+    host's: a draft that top-k excludes (p = 0) is always rejected and the token emitted in its
+    place is drawn from p (never the draft); a draft that holds all of p's mass (top_k=1 at
+    its argmax, or a temperature of 1e-5) is always accepted. Every trial equals the host."""
+    x = logits_rows()              # row r: token [2, 5, 1, 6][r] leads; top 2 of row 0: 2, 1
+    logits = torch.cat([x, x[:2], x[:1], x[:2]])          # 9 rows for the items below
+    cases = [  # (params, drafts per item): item rows 0-3, 4-5, 6, 7-8
+        (SamplingParams(temperature=1.0, top_k=2), [[0, 3, 7], [3], [], [4]]),   # p(d0) = 0
+        (SamplingParams(temperature=1.0, top_k=1), [[2, 5, 1], [2], [], [2]]),   # all p = 1
+        (SamplingParams(temperature=1e-5), [[2, 5, 1], [2], [], [2]]),
+    ]
+    for params, drafts in cases:
+        emitted = []
+        for trial in range(40):
+            def make():
+                out, first = [], 0
+                for j, d in enumerate(drafts):
+                    gen = torch.Generator().manual_seed(100 * trial + j) if j % 2 else None
+                    out.append(VerifyInput([SamplingRow(params, gen, [0], [], ())
+                                            for _ in range(len(d) + 1)], first, d, None))
+                    first += len(d) + 1
+                return out
+            host = verify(Sampler(V, seed=trial), logits, make())
+            targets = torch.full((9,), -1, dtype=torch.int64)
+            dev_items = make()
+            sample_targets(Sampler(V, seed=trial), logits, targets, dev_items)
+            for it, res in zip(dev_items, host):
+                t = targets[it.first_row:it.first_row + len(it.rows)].tolist()
+                assert t[:res.num_accepted + 1] == res.token_ids
+                emitted.append((it.drafts, res.num_accepted, res.token_ids))
+        if params.top_k == 2:     # p(draft) = 0: rejected at once, the replacement is not it
+            assert all(a == 0 and (not d or toks[0] != d[0]) for d, a, toks in emitted)
+            assert {toks[0] for d, _, toks in emitted} == {2, 1}   # row 0's top 2 (x[0])
+        else:                     # p(draft) = 1: every draft accepted, then p's argmax
+            assert all(a == len(d) for d, a, _ in emitted)
+            assert all(toks[-1] == [2, 5, 1, 6][len(d)] if len(d) < 3 else toks[-1] == 6
+                       for d, _, toks in emitted if d in ([2, 5, 1], [2]))
+
+
+def test_device_path_emits_the_target_distribution():
+    """The first token emitted by the device path (draft accepted, or the residual's draw) is
+    distributed as p at row 0 (top-k 5, temperature 0.8), also with a draft p excludes."""
+    from scipy.stats import chisquare
+
+    x = logits_rows()[:2]
+    params = SamplingParams(temperature=0.8, top_k=5)
+    sampler = Sampler(V)
+    p0 = sampler.probs(x[:1], [SamplingRow(params)])[0]
+    excluded = int(p0.argmin())
+    for draft in (2, excluded):
+        counts = torch.zeros(V)
+        gen = torch.Generator().manual_seed(7 + draft)
+        n = 6000
+        for _ in range(n):
+            targets = torch.zeros(2, dtype=torch.int64)
+            rows = [SamplingRow(params, gen, [0], [], ()) for _ in range(2)]
+            sample_targets(sampler, x, targets, [VerifyInput(rows, 0, [draft], None)])
+            counts[int(targets[0])] += 1
+        keep = p0 > 0
+        assert counts[~keep].sum() == 0
+        expected = (p0[keep] * n).double().numpy()
+        assert chisquare(counts[keep].double().numpy(), expected * (n / expected.sum())).pvalue \
+            > 1e-3
