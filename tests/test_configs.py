@@ -105,6 +105,43 @@ def test_plain_config_docstrings_restores_the_decorator():
     assert module.auto_class_docstring is original
 
 
+def test_plain_config_docstrings_is_the_calling_thread_s_alone():
+    """While one thread is inside ``plain_config_docstrings``, a class another thread decorates
+    at the same time (e.g. a model class imported there) still gets its generated docstring;
+    the thread inside keeps the class's own."""
+    import threading
+
+    from transformers import PretrainedConfig
+    from transformers.utils import auto_docstring
+
+    from mtpserve.loader.configs import plain_config_docstrings
+
+    def decorated():   # a top-level class (a nested qualname is documented as a method)
+        cls = type("ProbeConfig", (PretrainedConfig,),
+                   {"__doc__": "source doc", "__qualname__": "ProbeConfig",
+                    "__module__": __name__})
+        return auto_docstring(custom_intro="Generated intro")(cls).__doc__
+
+    inside, outside, done = threading.Event(), {}, threading.Event()
+
+    def hold():
+        with plain_config_docstrings():
+            outside["inside"] = decorated()
+            inside.set()
+            done.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert inside.wait(30)
+        other = decorated()           # this thread, while the other one is inside
+    finally:
+        done.set()
+        t.join()
+    assert outside["inside"] == "source doc"
+    assert "Generated intro" in other
+
+
 # ---------------------------------------------------------------------------------- tokenizers
 
 

@@ -12,7 +12,8 @@ all of that: importing the config class module directly does not help. transform
 ``GenerationMixin`` lazily in ``auto_factory``, so the same lookup is cheap there.
 
 The decorator only writes the class's ``__doc__``. While a config class is imported,
-``plain_config_docstrings`` swaps it for one that returns the class as defined. The config object
+``plain_config_docstrings`` swaps it for one that returns the class as defined (in the importing
+thread only: other threads keep the generated docstrings). The config object
 built is still AutoConfig's own (same calls, same class, same fields: tests/test_configs.py checks
 this against plain AutoConfig in fresh interpreters); only the config class's docstring is the one
 in its source instead of the generated one.
@@ -47,21 +48,33 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 _lock = threading.Lock()
-_depth = 0
+_depth = 0                    # threads' contexts open now (the swap is installed while > 0)
 _saved: Any = None
+_local = threading.local()    # .depth: this thread's contexts open now
 
 
-def _class_as_defined(cls, *args, **kwargs):
-    return cls
+def _class_docstring(original):
+    """The swap for ``auto_class_docstring``: the class as defined in a thread inside
+    :func:`plain_config_docstrings`, ``original`` elsewhere (a class another thread decorates
+    meanwhile, e.g. a model class it imports, still gets its generated docstring)."""
+    def auto_class_docstring(cls, *args, **kwargs):
+        if getattr(_local, "depth", 0):
+            return cls
+        return original(cls, *args, **kwargs)
+
+    auto_class_docstring.original = original
+    return auto_class_docstring
 
 
 @contextlib.contextmanager
 def plain_config_docstrings() -> Iterator[None]:
-    """Within: classes decorated with transformers' ``@auto_docstring`` keep their source
-    docstring instead of one generated from the auto mappings (methods are untouched).
+    """Within (in the calling thread): classes decorated with transformers' ``@auto_docstring``
+    keep their source docstring instead of one generated from the auto mappings (methods are
+    untouched).
 
-    Nesting and concurrent use from several threads are fine: the original is put back when the
-    last user leaves. Does nothing when transformers has no ``utils.auto_docstring.auto_class_docstring``.
+    Nesting and concurrent use from several threads are fine: the swap is installed while any
+    thread is inside, acts only in those threads, and the original is put back when the last
+    one leaves. Does nothing when transformers has no ``utils.auto_docstring.auto_class_docstring``.
     """
     global _depth, _saved
     try:
@@ -74,16 +87,17 @@ def plain_config_docstrings() -> Iterator[None]:
     with _lock:
         if _depth == 0:
             _saved = module.auto_class_docstring
-            module.auto_class_docstring = _class_as_defined
+            module.auto_class_docstring = _class_docstring(_saved)
         _depth += 1
+    _local.depth = getattr(_local, "depth", 0) + 1
     try:
         yield
     finally:
+        _local.depth -= 1
         with _lock:
             _depth -= 1
             if _depth == 0:
                 module.auto_class_docstring = _saved
-                _saved = None
 
 
 def load_config(folder: str) -> PretrainedConfig:
