@@ -436,3 +436,66 @@ def test_a_prefill_row_that_is_not_plain_keeps_the_usual_step():
             assert any(w and "d" in r for w, r in beside)
     assert got[True][0] == want and got[False][0] == want
     assert got[True][1] == got[False][1]
+
+
+def test_sampled_requests_at_the_edges_emit_the_usual_tokens():
+    """Sampling requests going ahead (spec/sampled_ahead.py) where the greedy tests above go:
+    min_tokens (no step goes ahead while a request is below it, its first step at it does),
+    stop tokens and strings met inside accepted blocks, n = 3 fan-out (seed + i each), the
+    shared generator, temperatures of 1e-5 and 50, top-k 1, logprobs, with the token budget
+    cutting drafts and chunking prompts: the same tokens, text, finish reasons and logprobs as
+    without drafting ahead, from the same drafts. (Passed when added.)"""
+    prompts, full = greedy_outputs(7)
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.8, seed=1, min_tokens=7,
+                       stop_token_ids=[full[0][2], full[0][8]]),
+        SamplingParams(max_tokens=16, temperature=0.9, min_tokens=5, stop_token_ids=[5, 9]),
+        SamplingParams(max_tokens=16, temperature=0.7, stop=[f"w{full[2][4]}"], seed=3),
+        SamplingParams(max_tokens=12, temperature=4.0, n=3, seed=4, ignore_eos=True),
+        SamplingParams(max_tokens=14, temperature=1e-5, top_k=1, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=14, temperature=50.0, seed=6, ignore_eos=True),
+        SamplingParams(max_tokens=14, temperature=0.6, stop_token_ids=[full[6][5]]),
+    ]
+    for kw in ({}, dict(max_num_batched_tokens=7)):
+        got, seen = {}, []
+        for ahead in (True, False):
+            llm, log, counts = engine(trained_hybrid_dir(), ahead, **kw)
+            if ahead:
+                record_ahead(seen)(llm)
+            outs = [[(o.token_ids, o.text, o.finish_reason, o.stop_reason,
+                      [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs or []])
+                     for o in r.outputs] for r in llm.generate(prompts, params)]
+            got[ahead] = (outs, log, counts)
+        assert got[True][:2] == got[False][:2]
+        outs, counts = got[True][0], got[True][2]
+        assert counts["ahead"] >= 5 and counts["used"] > 0
+        assert len(outs[3]) == 3 and len({tuple(o[0]) for o in outs[3]}) > 1   # seed + i
+        assert {o[2] for r in outs for o in r} == {"stop", "length"}
+        # min_tokens: steps with a request below it never went ahead, one at it did
+        assert all(n >= p.min_tokens for p, n in seen)
+        assert any(p.min_tokens and n == p.min_tokens for p, n in seen)
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 2])
+def test_sampled_requests_arriving_and_aborted_on_the_shared_generator(max_num_seqs):
+    """The shared generator serves every unseeded sampling row in batch order: requests
+    arriving (their prefill rows joining steps that go ahead), aborted right after a step that
+    drafted for them ahead, and waiting for a place change which rows draw from it, in the same
+    way ahead or not: the same tokens and drafts. (Passed when added.)"""
+    prompts = held_out_prompts(6, 6)
+    sampled = [SamplingParams(max_tokens=18, temperature=t, seed=s, ignore_eos=True)
+               for t, s in ((0.8, None), (1.2, None), (0.7, 11), (1.0, None), (0.9, 12),
+                            (1.1, None))]
+    arrivals = {0: [("a", prompts[0], sampled[0]), ("b", prompts[1], sampled[1])],
+                3: [("c", prompts[2], sampled[2])], 4: [("d", prompts[3], sampled[3])],
+                7: [("e", prompts[4], sampled[4]), ("f", prompts[5], sampled[5])]}
+    aborts = {6: ["b"], 9: ["d"]}
+    got = {}
+    for ahead in (True, False):
+        llm, log, counts = engine(trained_hybrid_dir(), ahead, max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=9)
+        ids, dropped = drive(llm, arrivals, aborts)
+        got[ahead] = (ids, log, counts, dropped)
+    assert got[True][:2] == got[False][:2]
+    assert got[True][2]["ahead"] > 0 and got[True][2]["used"] > 0
+    assert got[True][3] and not got[False][3]    # an abort dropped drafts made ahead
