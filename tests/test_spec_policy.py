@@ -85,7 +85,7 @@ def test_measured_step_costs_stop_drafting_when_verify_steps_get_expensive():
     good acceptance estimate does not pay for it."""
     times = {1: 1.0, 2: 1.0, 4: 1.02, 64: 1.5, 128: 3.0, 192: 4.5, 256: 6.0, 320: 7.5}
 
-    def cost(tokens):
+    def cost(tokens, seqs):
         size = next((s for s in sorted(times) if s >= tokens), None)
         return None if size is None else times[size]
 
@@ -99,16 +99,41 @@ def test_measured_step_costs_stop_drafting_when_verify_steps_get_expensive():
     assert p.num_drafts(s) == 0
 
 
-def test_step_timer_learns_host_seconds_per_token():
+def test_step_timer_learns_host_seconds_per_sequence_and_per_draft():
     from mtpserve.engine.step_timer import StepTimer
 
     t = StepTimer(decay=0.5)
-    t.record(64, 0.005, None)          # no device time known: nothing learned
-    assert t.host_per_token == 0.0
-    t.record(64, 0.005, 0.003)         # 2 ms of host time over 64 tokens
-    assert t.host_per_token == 0.002 / 64
-    t.record(100, 0.001, 0.003)        # faster than the device estimate: counts as zero
-    assert t.host_per_token == 0.001 / 64
+    t.record(64, 64, 0.005, None)      # no device time known: nothing learned
+    assert (t.host_per_seq, t.host_per_draft) == (0.0, 0.0)
+    t.record(64, 64, 0.005, 0.003)     # plain step: 2 ms of host time over 64 sequences
+    assert t.host_per_seq == 0.002 / 64 and t.host_per_draft == 0.0
+    t.record(4, 4, 0.001, 0.003)       # faster than the device estimate: counts as zero
+    assert t.host_per_seq == 0.001 / 64
+    # a step of 4 sequences with 12 drafts: what 4 sequences leave over goes to the drafts
+    t.record(16, 4, 0.004, 0.003)
+    assert t.host_per_draft == (0.001 - 4 * 0.001 / 64) / 12
+    assert t.host_seconds(16, 4) == 4 * t.host_per_seq + 12 * t.host_per_draft
+
+
+def test_batch_one_host_time_does_not_price_drafts_out():
+    """At batch 1 a step's host time is per sequence: with 0.75 ms of it beside a 1.23 ms
+    forward, a verify step of 1 + 3 tokens (1.69 ms on the device) costs (1.69 + 0.75) /
+    (1.23 + 0.75) = 1.23x a plain one (charged per token, as before, 2.37x: a 0.6 acceptance
+    never drafted). With drafts measured to cost host time, the price follows."""
+    from mtpserve.engine.step_timer import StepTimer
+
+    device = {1: 1.23e-3, 2: 1.40e-3, 3: 1.55e-3, 4: 1.69e-3}
+    t = StepTimer()
+    t.record(1, 1, 1.98e-3, device[1])
+    p = DraftLengthPolicy(3, 0.0, prior=0.6,
+                          step_cost=lambda n, b: device[n] + t.host_seconds(n, b))
+    p.set_batch(1)
+    assert p._relative_cost(3) == pytest.approx((1.69 + 0.75) / 1.98)
+    assert p.num_drafts(seq()) == 3
+    t.record(4, 1, 1.69e-3 + 0.75e-3 + 3 * 1.2e-3, device[4])   # 1.2 ms of host per draft
+    p.set_batch(1)
+    assert p._relative_cost(3) == pytest.approx((1.69 + 0.75 + 3.6) / 1.98)
+    assert p.num_drafts(seq()) == 0
 
 
 def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():

@@ -180,7 +180,7 @@ class LLMEngine:
         self._done_at = time.perf_counter()
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
-            self.step_timer.record(batch.num_tokens, time.perf_counter() - t0,
+            self.step_timer.record(batch.num_tokens, batch.num_seqs, time.perf_counter() - t0,
                                    graphs.step_cost(batch.num_tokens))
         return outputs
 

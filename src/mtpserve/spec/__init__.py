@@ -58,12 +58,12 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float) -> DraftLengthPo
     alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
     runner = engine.runner
 
-    def step_cost(tokens: int) -> float | None:
+    def step_cost(tokens: int, seqs: int) -> float | None:
         """Measured once CUDA graphs are captured: device time plus learned host time."""
         device = runner.graphs.step_cost(tokens) if runner.graphs is not None else None
         if device is None:
             return None
-        return device + engine.step_timer.host_per_token * tokens
+        return device + engine.step_timer.host_seconds(tokens, seqs)
 
     # the measured veto needs steady step times: CUDA graphs (on the CPU, the cost model alone)
     gate = LoadGate() if runner.device.type == "cuda" else None

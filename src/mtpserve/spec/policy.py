@@ -5,8 +5,9 @@ Model (Leviathan et al. 2023, sec. 3.3): if each draft token is accepted with pr
 independently, verifying m drafts emits E(m) = (1 - a^(m+1)) / (1 - a) tokens, and the step costs
 C(m) = 1 + (alpha + beta) * m decode steps, where alpha is the target's extra cost per verified
 token (small when decoding is memory-bound) and beta the proposer's cost per draft. On a GPU with
-CUDA graphs the target's part is measured instead: C(m) = t(B (1 + m)) / t(B) + beta * m, with
-t(n) the replay time of the step graph for n tokens and B the sequences decoding together, so
+CUDA graphs the target's part is measured instead: C(m) = t(B (1 + m), B) / t(B, B) + beta * m,
+with t(n, B) the replay time of the step graph for n tokens plus the learned host time of B
+sequences carrying n - B drafts (engine/step_timer.py), B the sequences decoding together, so
 at high load, where a step of B (1 + m) tokens is compute-bound, drafting stops paying and stops.
 The policy picks the m in 0..k that maximises E(m) / C(m); m = 0 means plain decoding.
 
@@ -36,7 +37,8 @@ class DraftLengthPolicy:
 
     Args:
         k: most drafts per step. cost_per_draft: alpha + beta above (in decode steps), used when
-        nothing is measured; step_cost: ``tokens -> seconds | None`` (measured target steps);
+        nothing is measured; step_cost: ``(tokens, sequences) -> seconds | None`` (measured
+        target steps);
         draft_cost: beta alone (added to the measured ratio).
         prior: starting acceptance estimate; prior_weight: its weight in trials;
         decay: forgetting factor per verify step; gate: the measured veto by batch size
@@ -49,7 +51,7 @@ class DraftLengthPolicy:
         self.gate = gate
         self.k, self.cost, self.draft_cost = k, cost_per_draft, draft_cost
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.step_cost = step_cost  # measured seconds of a target step by token count, or None
+        self.step_cost = step_cost  # measured seconds of a target step, or None
         self.batch = 1
         self._costs: list[float] | None = None   # this step's C(m), m = 0..k
         self._est: dict[str, _Estimate] = {}
@@ -75,9 +77,10 @@ class DraftLengthPolicy:
 
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
-        base = self.step_cost(self.batch) if self.step_cost is not None else None
+        b = self.batch
+        base = self.step_cost(b, b) if self.step_cost is not None else None
         if base:
-            spec = self.step_cost(self.batch * (1 + m))
+            spec = self.step_cost(b * (1 + m), b)
             if not spec:
                 return float("inf")   # past the largest measured step: not worth risking
             return spec / base + self.draft_cost * m
