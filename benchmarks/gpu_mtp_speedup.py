@@ -32,6 +32,7 @@ from mtpserve.config import EngineConfig, SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
 from mtpserve.engine.forward_batch import to_device
 from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.pending_drafts import PendingDrafts
 
 PROMPT = [(7 * j) % 500 + 2 for j in range(128)]
@@ -120,6 +121,17 @@ def forced_run(eng: LLMEngine, reference: list[int], accept: int, new: int,
     raise RuntimeError(f"a={accept}: the forced output did not settle in {tries} runs")
 
 
+def fresh_gate(eng: LLMEngine) -> None:
+    """With ``--adaptive``: a new load gate (spec/load_gate.py) for each acceptance level, as
+    a server that has seen only that acceptance. The gate is per batch size, not per request:
+    after the drafts of one level lost to plain steps it vetoes drafting for the next level
+    too, and its probes (one step in 32, blended in at weight 0.2) take ~100 steps to lift
+    the veto (H200 run 8: 1.00 tokens per step at every level)."""
+    policy = eng.proposer.policy
+    if policy is not None and policy.gate is not None:
+        policy.gate = LoadGate(policy.gate.probe_every, policy.gate.decay)
+
+
 def divergence(plain: list[int], tokens: list[int], margins: list[float]) -> dict:
     """Where ``tokens`` first leaves plain decoding's ``plain``, with plain decoding's top-1 minus
     top-2 logprob there (nats): a near tie, or a bug when the margin is large."""
@@ -153,6 +165,7 @@ def main() -> None:
     eng.warmup()
     rows = {"plain_ms_per_token": plain_step * 1e3, "adaptive": a.adaptive, "accepted": {}}
     for accept in range(a.k + 1):
+        fresh_gate(eng)
         r, _ = forced_run(eng, reference, accept, a.new)
         tokens, step, per_step = r.tokens, r.step, r.per_step
         per_token = r.total_per_token if a.adaptive else step / per_step

@@ -62,3 +62,25 @@ def test_divergence_names_the_first_difference_and_its_margin():
     assert bench.divergence([4, 5, 6], [4, 5, 6], [0.1, 0.2, 0.3])["diverged_at"] is None
     d = bench.divergence([4, 5, 6, 7], [4, 5, 9, 7], [0.1, 0.2, 0.003, 0.3])
     assert (d["diverged_at"], d["margin"]) == (2, 0.003)
+
+
+def test_adaptive_levels_each_start_from_a_fresh_gate():
+    """--adaptive: the load gate (CUDA-only in the server) learns per batch size, so what it
+    learned at one acceptance level (drafting loses at a = 0) would veto the next; each level
+    starts from an empty gate with the same settings (the gate itself times steps, so its
+    effect is shown by the benchmark, not here)."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    with one_thread():
+        eng = bench.build("tiny-qwen3-next", "cpu",
+                          SpeculativeConfig(algorithm="nextn", num_steps=K, adaptive=True))
+    policy = eng.proposer.policy
+    bench.fresh_gate(eng)   # the CPU engine has none: nothing to do
+    assert policy.gate is None
+    old = policy.gate = LoadGate(probe_every=7, decay=0.6)
+    old.record(1, True, 1, 0.01)
+    old.record(1, False, 1, 0.001)
+    bench.fresh_gate(eng)
+    new = policy.gate
+    assert new is not old and (new.probe_every, new.decay) == (7, 0.6)
+    assert new._buckets == {} and old._buckets[0].rate == {True: 100.0, False: 1000.0}
