@@ -164,6 +164,30 @@ def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
         LoadGate(probe_every=1)
 
 
+def test_a_probe_replaces_its_arms_stale_figure():
+    """Drafting lost while a request accepted nothing (300 vs 500 tok/s); a new request that
+    accepts everything is probed once, at 1500 tok/s: that figure replaces the old one (blended
+    at 0.2 it would be 540 and the veto would hold for further probes), so drafting resumes at
+    once; a plain step recorded meanwhile, not a probe, is blended as usual."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    g = LoadGate(probe_every=4)
+    for drafted, tps in ((True, 300.0), (False, 500.0)) * 5:
+        g.allow(1)
+        g.record(1, drafted, tokens=1, seconds=1 / tps)
+    assert g.rates(1) == pytest.approx((300.0, 500.0))
+    assert [g.allow(1) for _ in range(4)].count(True) == 1   # one probe in 4 steps
+    g.record(1, False, tokens=1, seconds=1 / 600)   # a plain step recorded after it: blended
+    assert g.rates(1)[1] == pytest.approx(0.8 * 500 + 0.2 * 600)
+    g.record(1, True, tokens=4, seconds=4 / 1500)   # the probe mark was consumed: blended too
+    assert g.rates(1)[0] == pytest.approx(0.8 * 300 + 0.2 * 1500)
+    g.record(1, True, tokens=1, seconds=1 / 300)    # back to 300
+    assert [g.allow(1) for _ in range(4)].count(True) == 1   # the next probe
+    g.record(1, True, tokens=4, seconds=4 / 1500)
+    assert g.rates(1)[0] == pytest.approx(1500.0)
+    assert [g.allow(1) for _ in range(4)].count(True) == 3   # drafting chosen, 1 plain probe
+
+
 def test_proposer_drafts_nothing_when_the_gate_vetoes():
     from mtpserve.spec.load_gate import LoadGate
     from mtpserve.spec.ngram import NgramProposer

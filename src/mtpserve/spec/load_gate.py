@@ -2,14 +2,15 @@
 emit more tokens per second than plain steps.
 
 The draft-length policy (policy.py) prices a verify step from the captured graphs' replay times
-plus a learned host time per token. Host work that does not scale that way (proposing, verifying
-and appending for many requests at once) can still make speculation slower than plain decoding at
-high load: measured on the H200 with n-gram drafts at 64 concurrent requests, 0.53x. This gate
+plus a learned host time per sequence and per draft. Host work that does not scale that way
+(proposing, verifying and appending for many requests at once) can still make speculation slower
+than plain decoding at high load: measured on the H200 with n-gram drafts at 64 concurrent requests, 0.53x. This gate
 measures what matters instead — tokens emitted per second of whole engine steps — separately for
 steps that verified drafts and steps that did not, per batch-size bucket (powers of two), and
 vetoes drafting in a bucket where plain steps are faster. A new bucket alternates drafting and
-plain steps until both are measured; after that one step in ``probe_every`` runs the other way, so both figures stay current as the load and the requests'
-acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2).
+plain steps until both are measured; after that one step in ``probe_every`` runs the other way,
+and its figure replaces the stale one of that arm, so both stay current as the load and the
+requests' acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class _Bucket:
     rate: dict = field(default_factory=dict)   # True (drafting) / False (plain) -> tokens/s
     count: dict = field(default_factory=dict)  # steps recorded per arm
     steps: int = 0
+    probe: bool | None = None   # the arm the last allow() probed, until a step is recorded
 
 
 class LoadGate:
@@ -51,7 +53,10 @@ class LoadGate:
         if spec is None or plain is None:   # measure both sides first: alternate (steps with a
             return b.steps % 2 == 1          # prefill chunk are not recorded, so never lock in)
         choice = spec >= plain
-        return not choice if b.steps % self.probe_every == 0 else choice
+        if b.steps % self.probe_every == 0:
+            b.probe = not choice
+            return b.probe
+        return choice
 
     def record(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A decode step of ``num_seqs`` sequences emitted ``tokens`` tokens in ``seconds``
@@ -60,9 +65,12 @@ class LoadGate:
             return
         b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
         n = b.count[drafted] = b.count.get(drafted, 0) + 1
+        probe, b.probe = b.probe, None
         # a plain mean over the first steps (one slow first step must not decide for long), then
-        # exponential forgetting
-        w = max(1.0 / n, 1.0 - self.decay)
+        # exponential forgetting; a probe's step replaces its arm's figure, which is stale by
+        # then (the requests and their acceptance may have changed since: blended in, one probe
+        # in 32 took ~100 steps to lift a veto learned from a request that accepted nothing)
+        w = 1.0 if probe == drafted else max(1.0 / n, 1.0 - self.decay)
         old = b.rate.get(drafted, 0.0)
         b.rate[drafted] = old + w * (tokens / seconds - old)
 
