@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 if [ ! -x .venv/bin/python ]; then
   if "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m venv --system-site-packages .venv
@@ -20,7 +21,14 @@ if ! python -c "import torch" 2>/dev/null; then
     echo "setup: NVIDIA GPU found; torch comes from the package requirements (CUDA build)"
   else
     echo "setup: no GPU; installing the CPU build of torch 2.13.0"
-    pip install torch==2.13.0
+    # PyTorch's CPU index when it answers within 5 s; else the configured indexes (PyPI's
+    # torch on Linux x86_64 is the CUDA build unless a local mirror offers +cpu, as CI's does)
+    if python -c "import urllib.request as u; u.urlopen('$CPU_INDEX/torch/', timeout=5)" \
+        2>/dev/null; then
+      pip install torch==2.13.0 --extra-index-url "$CPU_INDEX"
+    else
+      pip install torch==2.13.0
+    fi
   fi
 fi
 pip install -e ".[test,bench]"
