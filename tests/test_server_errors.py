@@ -114,6 +114,11 @@ CASES = [
      "response_format", None),
     ("stream_options type", CHAT, chat(stream=True, stream_options={"include_usage": "y"}), 400,
      "stream_options.include_usage", None),
+    ("stream_options w/o stream", CHAT, chat(stream_options={"include_usage": True}), 400,
+     "stream_options", None),
+    ("cmpl stream_options w/o stream", CMPL, cmpl(stream=False,
+                                                  stream_options={"include_usage": True}), 400,
+     "stream_options", None),
 ]
 
 

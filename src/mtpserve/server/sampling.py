@@ -20,6 +20,9 @@ def sampling_params(req: SamplingRequest, *, max_tokens: int | None, logprobs: i
     """
     if req.n > MAX_N:
         raise bad_request(f"n must be at most {MAX_N}, got {req.n}", param="n")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true (as OpenAI and "
+                          "vLLM)", param="stream_options")
     if max_tokens is not None and max_tokens < 1:
         name = rename.get("max_tokens", "max_tokens")
         raise bad_request(f"{name} must be at least 1, got {max_tokens}", param=name)
