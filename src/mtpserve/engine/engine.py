@@ -156,17 +156,19 @@ class LLMEngine:
         if self.proposer is not None:   # drafts still on the device go in on the device
             self.proposer.patch_inputs(batch, sched)
         hidden, logits = self.runner.execute(batch)
-        ahead = None
+        sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
+        ahead = items = None
         if self.proposer is not None:   # their host copies, now that the forward is queued
             self.proposer.resolve_drafts(sched)
+            if any(s.draft_token_ids for s, _ in sampling):
+                items = self._verify_items(sampling)
             ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits,
-                                               self.sampler, self._row)
-        sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
+                                               self.sampler, items)
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-        if any(s.draft_token_ids for s, _ in sampling):
-            self._verify(sampling, logits, ahead)
+        if items is not None:
+            self._verify(sampling, logits, items, ahead)
         elif sampling:  # a step of prefill chunks only samples nothing
             self._sample(sampling, logits)
         if self.proposer is not None:
@@ -274,16 +276,22 @@ class LLMEngine:
             lp = result.logprobs[i] if result.logprobs is not None else None
             s.seq.append_token(token_ids[i], lp)
 
-    def _verify(self, sampling, logits, ahead=None) -> None:
-        """Verify the drafts of ``sampling``'s sequences against ``logits``; ``ahead``: the
-        proposer's AheadStep (spec/draft_ahead.py), whose targets (each row's token if kept,
-        decided on the device) are used as read."""
+    def _verify_items(self, sampling) -> list[VerifyInput]:
+        """One VerifyInput per sampling row of ``sampling`` (its 1 + drafts rows, first logits
+        row, drafts and q), in order: what ``verify`` and the proposer's ``verify_ahead`` both
+        decide from."""
         items = []
         for s, first in sampling:
             seq, drafts = s.seq, s.draft_token_ids
             rows = [self._row(seq, drafts[:i]) for i in range(len(drafts) + 1)]
             q = seq.draft_probs[: len(drafts)] if seq.draft_probs is not None else None
             items.append(VerifyInput(rows, first, drafts, q))
+        return items
+
+    def _verify(self, sampling, logits, items: list[VerifyInput], ahead=None) -> None:
+        """Verify the drafts of ``sampling``'s sequences (``items``: their ``_verify_items``)
+        against ``logits``; ``ahead``: the proposer's AheadStep (spec/draft_ahead.py), whose
+        targets (each row's token if kept, decided on the device) are used as read."""
         state, row = self.runner.state_cache, 0
         targets = ahead.targets() if ahead is not None else None
         for (s, _), res in zip(sampling, verify(self.sampler, logits, items, targets)):

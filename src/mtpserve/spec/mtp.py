@@ -46,7 +46,6 @@ from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.pending_drafts import PendingDrafts
 from mtpserve.spec.proposer import Proposer
 from mtpserve.spec.sampled_ahead import sample_targets
-from mtpserve.spec.verify import VerifyInput
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -129,7 +128,7 @@ class MTPProposer(Proposer):
     # ---- greedy verify steps: observe and draft before the host reads back (draft_ahead.py) --
     @torch.inference_mode()
     def verify_ahead(self, sched: SchedulerOutput, batch, layout, hidden: torch.Tensor,
-                     logits: torch.Tensor, sampler=None, row_of=None) -> AheadStep | None:
+                     logits: torch.Tensor, sampler=None, items=None) -> AheadStep | None:
         """Right after a verify forward is launched: when every sequence decoding its newest
         token does so with plain rows (draft_ahead.py ``plain``; most verifying drafts, some
         maybe none), decide each row's target on the device (greedy: the argmax; sampled:
@@ -138,21 +137,19 @@ class MTPProposer(Proposer):
         sync; prefill chunks in the step are observed the usual way. ``batch``, ``layout``:
         the step's ``ModelRunner.prepare`` output (``layout``: each sequence's logits rows);
         ``hidden`` [T, H]: the forward's output per batch token; ``logits`` [N, vocab] per
-        logits row; ``sampler``, ``row_of(seq, drafts)``: the engine's Sampler and SamplingRow
-        maker (without them only all-greedy steps go ahead). Returns the step (the engine
-        verifies with its targets), or None when it does not apply (the step goes the usual
-        way)."""
-        work = self._ahead_work(sched, sampler is not None)
+        logits row; ``sampler``, ``items``: the engine's Sampler and the VerifyInputs it will
+        verify, one per sampling row in order (without them only all-greedy steps go ahead).
+        Returns the step (the engine verifies with its targets), or None when it does not apply
+        (the step goes the usual way)."""
+        work = self._ahead_work(sched, sampler is not None and items is not None)
         if work is None:
             return None
         rows = [i for i, _, _, _ in work]
         tok_f, logit_f, obs_f = ahead_layout(sched, layout, rows)
         counts = [len(sched.scheduled[i].draft_token_ids) for i in rows]
         targets = logits.argmax(-1)
-        sample_targets(sampler, logits, targets, [
-            VerifyInput([row_of(s.seq, s.draft_token_ids[:j]) for j in range(
-                len(s.draft_token_ids) + 1)], layout.rows[i][0], list(s.draft_token_ids), None)
-            for i, s in enumerate(sched.scheduled) if s.samples and not s.seq.params.greedy])
+        sample_targets(sampler, logits, targets,
+                       [it for it in items or [] if not it.rows[0].params.greedy])
         accepted = greedy_acceptance(targets, batch.input_ids, logit_f, tok_f, counts,
                                      max(counts))
         seqs = [seq for _, seq, _, _ in work]

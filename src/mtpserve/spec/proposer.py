@@ -72,12 +72,13 @@ class Proposer(ABC):
         in place of placeholders (spec/pending_drafts.py). Nothing for host-side proposers."""
 
     def verify_ahead(self, sched, batch, layout, hidden: torch.Tensor, logits: torch.Tensor,
-                     sampler=None, row_of=None):
+                     sampler=None, items=None):
         """Right after a verify forward is launched: a proposer that drafts from the device
         may decide the acceptance there and start its next drafts before the host reads back
         (spec/draft_ahead.py); it returns an ``AheadStep`` whose targets the engine verifies
-        with. ``sampler``, ``row_of(seq, drafts)``: the engine's Sampler and SamplingRow maker,
-        for sampled rows. None (the default): the step goes the usual way."""
+        with. ``sampler``, ``items``: the engine's Sampler and the VerifyInputs it will verify
+        (spec/verify.py; None: the step verifies nothing), for sampled rows. None (the
+        default): the step goes the usual way."""
         return None
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
