@@ -4,13 +4,14 @@ emit more tokens per second than plain steps.
 The draft-length policy (policy.py) prices a verify step from the captured graphs' replay times
 plus a learned host time per sequence and per draft. Host work that does not scale that way
 (proposing, verifying and appending for many requests at once) can still make speculation slower
-than plain decoding at high load: measured on the H200 with n-gram drafts at 64 concurrent requests, 0.53x. This gate
-measures what matters instead — tokens emitted per second of whole engine steps — separately for
-steps that verified drafts and steps that did not, per batch-size bucket (powers of two), and
-vetoes drafting in a bucket where plain steps are faster. A new bucket alternates drafting and
-plain steps until both are measured; after that one step in ``probe_every`` runs the other way,
-and its figure replaces the stale one of that arm, so both stay current as the load and the
-requests' acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2).
+than plain decoding at high load: measured on the H200 with n-gram drafts at 64 concurrent
+requests, 0.53x. This gate measures what matters instead — tokens emitted per second of whole
+engine steps — separately for steps that verified drafts and steps that did not, per batch-size
+bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster. A new bucket
+alternates drafting and plain steps until both are measured; after that one step in ``probe_every``
+runs the other way, and its figure replaces the stale one of that arm, so both stay current as the
+load and the requests' acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018,
+sec. 2.2).
 """
 
 from __future__ import annotations
