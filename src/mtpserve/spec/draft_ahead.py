@@ -123,7 +123,8 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
     """Drafts accepted per sequence of a verify batch, on the device, no host sync.
 
     Args:
-        targets: [N] int64, the target's argmax at each logits row of the batch.
+        targets: [N] int64, the target's choice at each logits row of the batch (the argmax,
+            or spec/sampled_ahead.py's token for a sampled row).
         input_ids: [T] int64, the batch's input ids.
         target_firsts: per sequence (B), its first logits row (the target's choice after its
             newest token, then after each draft); token_firsts: its first token in the batch
@@ -160,8 +161,8 @@ class AheadStep:
 
     After construction the proposer sets ``hidden`` (the MTP output at each row's accepted
     position, [B, H]), ``drafts`` ([B, m] int64, the next step's chain drafts; None when no
-    row drafts next step) and ``budgets``
-    (per row, the drafts planned for it if v drafts get accepted, v = 0..its drafts).
+    row drafts next step) and ``budgets`` (per row, the drafts planned for it if v drafts get
+    accepted, v = 0..its drafts).
     """
 
     def __init__(self, targets: torch.Tensor, accepted: torch.Tensor, seqs: list[Sequence],

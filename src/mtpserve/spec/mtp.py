@@ -125,7 +125,7 @@ class MTPProposer(Proposer):
             st.shadow.num_computed_tokens += h.shape[0]
             st.last_hidden = y[end - 1]
 
-    # ---- greedy verify steps: observe and draft before the host reads back (draft_ahead.py) --
+    # ---- verify steps: decide, observe and draft before the host reads back (draft_ahead.py) -
     @torch.inference_mode()
     def verify_ahead(self, sched: SchedulerOutput, batch, layout, hidden: torch.Tensor,
                      logits: torch.Tensor, sampler=None, items=None) -> AheadStep | None:

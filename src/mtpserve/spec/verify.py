@@ -65,17 +65,18 @@ def verify(sampler: Sampler, logits: Tensor, items: list[VerifyInput],
         starts.append(n)
         n += len(it.rows)
     decided = targets is not None
-    greedy = [i for i, it in enumerate(items) if decided or it.rows[0].params.greedy]
+    # matched: accept the drafts equal to each row's choice (the argmax, or a decided target)
+    matched = [i for i, it in enumerate(items) if decided or it.rows[0].params.greedy]
     sampled = [i for i, it in enumerate(items) if not (decided or it.rows[0].params.greedy)]
     if decided:
         chosen = [[targets[items[i].first_row + r] for r in range(len(items[i].rows))]
-                  for i in greedy]
+                  for i in matched]
     else:
-        chosen = _greedy_targets(sampler, raw, [items[i] for i in greedy],
-                                 [starts[i] for i in greedy])
+        chosen = _greedy_targets(sampler, raw, [items[i] for i in matched],
+                                 [starts[i] for i in matched])
     p = _target_probs(sampler, raw, [items[i] for i in sampled], [starts[i] for i in sampled])
     results: list[VerifyResult | None] = [None] * len(items)
-    for j, i in enumerate(greedy):
+    for j, i in enumerate(matched):
         tokens, accepted = _verify_greedy(chosen[j], items[i].drafts)
         results[i] = VerifyResult(tokens, _logprobs(sampler, raw, starts[i], tokens, items[i]),
                                   accepted)
