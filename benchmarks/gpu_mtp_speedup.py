@@ -8,7 +8,8 @@ exactly ``a`` and emits ``a + 1`` tokens. Batch 1, greedy, a prompt of 128 token
 tokens per request, adaptive policy off: time per step (median over decode steps), tokens per
 step, time per token and the speedup over plain decoding. ``--adaptive``: the policy on, as the
 server runs by default; it drafts fewer (a step of m drafts accepts min(a, m)) or none where
-drafts do not pay, so steps differ and time per token is total decode time over tokens. In bf16 the
+drafts do not pay, so steps differ and time per token is total decode time over tokens; then
+once more with drafting vetoed at every step (the MTP engine's cost when nothing drafts). In bf16 the
 verify forward (1 + k rows) may break a near tie the other way than the decode forward: the
 output is then compared with plain decoding and the first difference reported with plain
 decoding's top-2 margin there, and the forcing follows the MTP engine's own output.
@@ -132,6 +133,35 @@ def fresh_gate(eng: LLMEngine) -> None:
         policy.gate = LoadGate(policy.gate.probe_every, policy.gate.decay)
 
 
+class _Veto:
+    """A load gate that vetoes drafting at every step."""
+
+    def allow(self, num_seqs: int) -> bool:
+        return False
+
+    def record(self, *args) -> None:
+        pass
+
+
+def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,
+           plain_step: float) -> dict:
+    """The MTP engine with drafting vetoed at every step (what it costs when drafts do not
+    pay: under async scheduling its plain steps overlap and the MTP observes each one on the
+    device, spec/mtp.py ``observe_launched``): seconds per token against plain decoding's."""
+    policy = eng.proposer.policy
+    gate, policy.gate = policy.gate, _Veto()
+    try:
+        r = run(eng, new)
+    finally:
+        policy.gate = gate
+    row = dict(ms_per_token=r.total_per_token * 1e3, step_ms=r.step * 1e3,
+               tokens_per_step=r.per_step, speedup=plain_step / r.total_per_token,
+               **divergence(reference, r.tokens, margins))
+    print(f"  drafting vetoed: {row['ms_per_token']:.3f} ms/token, {row['speedup']:.2f}x plain; "
+          f"{row['note']}", flush=True)
+    return row
+
+
 def divergence(plain: list[int], tokens: list[int], margins: list[float]) -> dict:
     """Where ``tokens`` first leaves plain decoding's ``plain``, with plain decoding's top-1 minus
     top-2 logprob there (nats): a near tie, or a bug when the margin is large."""
@@ -175,6 +205,8 @@ def main() -> None:
         print(f"  {accept} of {a.k} accepted: {step * 1e3:.3f} ms/step, {per_step:.2f} "
               f"tokens/step, {per_token * 1e3:.3f} ms/token, {plain_step / per_token:.2f}x "
               f"plain; {row['note']}", flush=True)
+    if a.adaptive:
+        rows["gate_vetoes"] = vetoed(eng, reference, margins, a.new, plain_step)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

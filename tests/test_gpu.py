@@ -264,6 +264,39 @@ def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
     assert runs[True] == runs[False]
 
 
+def test_mtp_plain_steps_overlap_with_graphs_as_sync_steps(tmp_path):
+    """Tiny hybrid (float32) on CUDA, captured graphs, async scheduling: the steps the gate
+    keeps plain are launched before the previous one is read back and the MTP observes them on
+    the device (spec/mtp.py ``observe_launched``); the drafts of the other steps are, step
+    after step, those of the synchronous engine, and both generate the CPU's greedy tokens."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
+    from hybrid_checkpoint import write_checkpoint
+    from test_mtp_overlap import engine
+
+    from mtpserve import LLM, SamplingParams
+
+    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
+    path = str(write_checkpoint(tmp_path / "tiny", hf, random_mtp_weights(hf)))
+    prompts = [[5, 9, 33, 2, 71], list(range(2, 40)), [100, 101, 102] * 5, [7] * 3]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+              for n in (8, 11, 17, 23)]
+    kw = dict(max_model_len=256, num_kv_blocks=64, block_size=16)
+    cpu = [r.outputs[0].token_ids for r in LLM(path, device="cpu", dtype="float32", **kw)
+           .generate(prompts, params)]
+    logs = {}
+    for overlap in (True, False):
+        llm, log, counts = engine(overlap, path=path, device="cuda", **kw)
+        assert llm.engine.runner.graphs is not None and llm.engine.proposer.chain.graphs
+        policy = llm.engine.proposer.policy   # random MTP weights accept ~nothing: draft anyway
+        policy.prior, policy.prior_weight, policy.decay = 0.99, 1e6, 1.0
+        assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == cpu
+        logs[overlap] = log
+        assert counts["observed"] == counts["overlapped"] and (counts["overlapped"] > 5) == overlap
+    assert logs[True] == logs[False] and len(logs[True]) >= 3
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_kernels_match_their_torch_references(dtype):
     """Each layer on CUDA (Triton) against the same layer on the CPU (plain PyTorch)."""

@@ -12,7 +12,8 @@ from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.block_manager import BlockManager
 from mtpserve.engine.detokenizer import IncrementalDetokenizer
 from mtpserve.engine.model_runner import ModelRunner
-from mtpserve.engine.overlap import PendingStep, overlappable, patch_input_ids
+from mtpserve.engine.overlap import (PendingStep, next_token_ids, overlappable,
+                                     patch_input_ids)
 from mtpserve.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from mtpserve.engine.scheduler import ScheduledSeq, Scheduler
 from mtpserve.engine.sequence import Sequence
@@ -135,11 +136,11 @@ class LLMEngine:
         """
         t0 = time.perf_counter()
         allowed = None        # the draft-length policy's say on this step, asked once
+        decoding = [s for s in self.scheduler.running if not s.in_prefill]
         if self.proposer is not None:
-            allowed = self.proposer.allow_drafts(
-                sum(1 for s in self.scheduler.running if not s.in_prefill))
-        if self._can_overlap(allowed):
-            return self._overlapped_step(t0)
+            allowed = self.proposer.allow_drafts(len(decoding))
+        if self._can_overlap(decoding, allowed):
+            return self._overlapped_step(t0, decoding, allowed)
         # drain: this step needs every token on the host
         outputs = self._resolve() if self._pending is not None else []
         return outputs + self._sync_step(allowed)
@@ -187,32 +188,45 @@ class LLMEngine:
         return outputs
 
     # ---- async scheduling (engine/overlap.py) ---------------------------------------------------
-    def _can_overlap(self, allowed: bool | None) -> bool:
+    def _can_overlap(self, decoding: list[Sequence], allowed: bool | None) -> bool:
         """Async scheduling applies: no request reads its output so far when sampling, and no
-        drafts this step (no proposer, or one that may skip steps and is told not to draft)."""
+        drafts this step (no proposer, or one that may skip steps or follow a launched step
+        and drafts nothing for ``decoding``: the gate's ``allowed`` is False or the policy
+        gives every sequence 0)."""
         p = self.proposer
         return (self.async_scheduling
-                and (p is None or (p.skips_steps and allowed is False))
-                and all(overlappable(s.params) for s in self.seqs.values()))
+                and all(overlappable(s.params) for s in self.seqs.values())
+                and (p is None or ((p.skips_steps or p.observes_launched)
+                                   and p.drafts_nothing(decoding, allowed))))
 
-    def _overlapped_step(self, t0: float) -> list[RequestOutput]:
+    def _overlapped_step(self, t0: float, decoding: list[Sequence],
+                         allowed: bool | None) -> list[RequestOutput]:
         """Launch a step (its input ids for pending tokens taken on the device), then read back
         and post-process the previous step while this one runs; return that step's deltas.
-        ``t0``: when this call began (perf_counter seconds)."""
+        ``t0``: when this call began (perf_counter seconds); ``decoding``, ``allowed``: the
+        sequences past prefill and the gate's say, for the proposer's propose (which drafts
+        nothing here: ``_can_overlap``; the policy still counts the step)."""
         for seq in self.scheduler.running:   # drafts a budget-limited step left unscheduled
             seq.draft_token_ids, seq.draft_probs = [], None
+        if self.proposer is not None:
+            self.proposer.propose(decoding, allowed)
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return self._resolve() if self._pending is not None else []
         batch, layout = self.runner.prepare(sched)
         if self._pending is not None:
             patch_input_ids(batch, sched, self._pending)
-        _, logits = self.runner.execute(batch)
+        hidden, logits = self.runner.execute(batch)
         sampling = [(s, layout.rows[i][0]) for i, s in enumerate(sched.scheduled) if s.samples]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-        launched = PendingStep.launch(sched, sampling, self._sample_on_device(sampling, logits),
-                                      t0)
+        result = self._sample_on_device(sampling, logits)
+        observe = self.proposer is not None and self.proposer.observes_launched
+        if observe:   # the ids after each token, while the previous step's are still pending
+            next_ids = next_token_ids(batch, sched, result.token_ids, self._pending)
+        launched = PendingStep.launch(sched, sampling, result, t0)
+        if observe:   # queued behind the copy of the sampled ids: reading them back won't wait
+            self.proposer.observe_launched(sched, hidden, next_ids)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
             self.block_manager.register_full_blocks(s.seq)
         outputs = self._resolve() if self._pending is not None else []

@@ -16,11 +16,14 @@ its K/V write is that of a real token of the sequence (its last), so nothing els
 
 Only steps whose sampling needs nothing from the host about the pending tokens overlap: no
 drafts (they depend on the newest token), no repetition / presence / frequency penalties and no
-``min_tokens`` (both read the output so far). Under speculation, the steps the draft-length
-policy's load gate keeps plain overlap when the proposer may skip steps (n-gram: its index
-catches up whenever it drafts); MTP and draft models must see every step, so they never overlap.
-The gate then compares drafting steps against overlapped plain steps, which is what the
-speculation would be competing against. The engine drains the pipeline before any other step,
+``min_tokens`` (both read the output so far). Under speculation, steps where nothing drafts (the
+draft-length policy's load gate vetoes, or the policy gives every sequence 0 drafts) overlap when
+the proposer may skip steps (n-gram: its index catches up whenever it drafts) or can follow a
+step before it is read back: MTP observes every position the step computed right after its
+launch, paired on the device with the token after it (:func:`next_token_ids`: the sampled ids,
+or the prompt's next token after a prefill chunk). Draft models must see every step on the host,
+so they never overlap. The gate then compares drafting steps against overlapped plain steps,
+which is what the speculation would be competing against. The engine drains the pipeline before any other step,
 so greedy and seeded outputs are identical to synchronous steps. Unseeded sampled rows share one
 generator (engine/sampler.py), so the extra row of a sequence that has in fact finished shifts
 their random stream: their tokens follow the same distribution but differ, as they do whenever
@@ -99,3 +102,50 @@ def patch_input_ids(batch: ForwardBatch, sched: SchedulerOutput, prev: PendingSt
         idx = to_device(dst + src, torch.int64, batch.input_ids.device)
         n = len(dst)
         batch.input_ids.index_copy_(0, idx[:n], prev.tokens.index_select(0, idx[n:]))
+
+
+def next_token_ids(batch: ForwardBatch, sched: SchedulerOutput, sampled: torch.Tensor,
+                   prev: PendingStep | None) -> torch.Tensor:
+    """Per batch token of a launched plain step (no drafts), the id of the token after it in
+    its sequence, on the device without a host sync: what an MTP proposer pairs with each
+    token's hidden state (spec/mtp.py ``observe_launched``).
+
+    Args:
+        batch: the step's ForwardBatch (``input_ids`` [T] int64, placeholders already patched);
+        sched: its schedule, ``num_computed_tokens`` already advanced past the step's tokens;
+        sampled: [N] int64, the token sampled for each sampling sequence, in schedule order;
+        prev: the step before it, still pending (its tokens fill a placeholder after a prefill
+            chunk), or None.
+
+    Returns:
+        [T] int64: within a sequence's chunk the next input token; after its last token the
+        token sampled there, or for a prefill chunk that does not end the prompt the prompt's
+        next token (``prev``'s token when that one is still a placeholder). ``sampled`` itself
+        when every sequence decodes one token.
+
+    Raises:
+        RuntimeError: a placeholder that ``prev`` did not sample.
+    """
+    T = batch.num_tokens
+    if sampled.shape[0] == T == len(sched.scheduled):
+        return sampled
+    prev_tokens = prev.tokens if prev is not None else sampled.new_empty(0)
+    base = T + sampled.shape[0] + prev_tokens.shape[0]   # where host-known ids start
+    idx, known, offset, row = [], [], 0, 0
+    for s in sched.scheduled:
+        n, seq = s.num_new_tokens, s.seq
+        idx.extend(range(offset + 1, offset + n))
+        offset += n
+        if s.samples:
+            idx.append(T + row)
+            row += 1
+        elif seq.num_computed_tokens < seq.num_tokens - seq.num_pending:
+            idx.append(base + len(known))
+            known.append(seq.token_ids[seq.num_computed_tokens])
+        elif prev is not None and seq.request_id in prev.row_of:
+            idx.append(T + sampled.shape[0] + prev.row_of[seq.request_id])
+        else:
+            raise RuntimeError(f"request {seq.request_id}: placeholder without a pending token")
+    up = to_device(idx + known, torch.int64, sampled.device)
+    src = torch.cat([batch.input_ids, sampled, prev_tokens, up[len(idx):]])
+    return src.index_select(0, up[:len(idx)])

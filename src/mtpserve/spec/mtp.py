@@ -70,6 +70,8 @@ class MTPProposer(Proposer):
         head: the draft LM head (spec/draft_head.py; None: the target's full head).
     """
 
+    observes_launched = True
+
     def __init__(self, num_steps: int, target, runner: ModelRunner,
                  eos_token_ids: tuple[int, ...], policy=None, head=None):
         super().__init__(num_steps, policy)
@@ -103,26 +105,59 @@ class MTPProposer(Proposer):
             items = self._observed_ahead(items)
         sched, hiddens, states = SchedulerOutput(), [], []
         for seq, start, hidden in items:
-            st = self._state(seq)
-            sh = st.shadow
-            sh.token_ids = seq.token_ids[1:]
-            sh.num_computed_tokens = min(sh.num_computed_tokens, start)
-            if st.broken or sh.num_computed_tokens != start \
-                    or not self.bm.allocate(sh, start + hidden.shape[0]):
-                self._break(st)
-                continue
-            sched.scheduled.append(ScheduledSeq(sh, hidden.shape[0], []))
-            hiddens.append(hidden)
-            states.append(st)
-        if not states:
-            return
+            st = self._admit(seq, start, hidden.shape[0])
+            if st is not None:
+                sched.scheduled.append(ScheduledSeq(st.shadow, hidden.shape[0], []))
+                hiddens.append(hidden)
+                states.append(st)
+        if states:
+            self._observe_forward(sched, states, torch.cat(hiddens))
+
+    @torch.inference_mode()
+    def observe_launched(self, sched: SchedulerOutput, hidden: torch.Tensor,
+                         next_ids: torch.Tensor) -> None:
+        """The observe of a plain step launched but not read back (async scheduling): every
+        position it computed, paired with the token after it on the device (no host sync), so
+        plain steps of an MTP engine overlap like any engine's (engine/overlap.py). A sequence
+        that turns out to have finished on the step's token is observed all the same; its
+        state goes when it is released."""
+        obs, rows, states, offset = SchedulerOutput(), [], [], 0
+        for s in sched.scheduled:
+            n = s.num_new_tokens
+            st = self._admit(s.seq, s.seq.num_computed_tokens - n, n)
+            if st is not None:
+                obs.scheduled.append(ScheduledSeq(st.shadow, n, []))
+                rows.extend(range(offset, offset + n))
+                states.append(st)
+            offset += n
+        if states:
+            self._observe_forward(obs, states, _take(hidden, rows), _take(next_ids, rows))
+
+    def _admit(self, seq: Sequence, start: int, n: int) -> _MTPState | None:
+        """``seq``'s MTP state, its shadow given blocks for an observe of ``n`` positions from
+        ``start``; None (the state broken for good) when the shadow is not in step with
+        ``start`` or the pool has no block for it."""
+        st = self._state(seq)
+        sh = st.shadow
+        sh.token_ids = seq.token_ids[1:]
+        sh.num_computed_tokens = min(sh.num_computed_tokens, start)
+        if st.broken or sh.num_computed_tokens != start or not self.bm.allocate(sh, start + n):
+            self._break(st)
+            return None
+        return st
+
+    def _observe_forward(self, sched: SchedulerOutput, states: list[_MTPState],
+                         hidden: torch.Tensor, input_ids: torch.Tensor | None = None) -> None:
+        """The MTP over ``sched``'s shadows (``hidden`` [O, H]: their target hidden states back
+        to back; ``input_ids`` [O]: the tokens after them, None: the shadows' own); each state
+        then holds its newest output (draft 1's hidden state)."""
         # a copy: a graph's output buffer is rewritten by the next replay of its size, and a
         # sequence not scheduled next step would then draft from another step's state
-        y = self._forward(sched, torch.cat(hiddens)).clone()
+        y = self._forward(sched, hidden, input_ids=input_ids).clone()
         end = 0
-        for st, h in zip(states, hiddens):
-            end += h.shape[0]
-            st.shadow.num_computed_tokens += h.shape[0]
+        for st, s in zip(states, sched.scheduled):
+            end += s.num_new_tokens
+            st.shadow.num_computed_tokens += s.num_new_tokens
             st.last_hidden = y[end - 1]
 
     # ---- verify steps: decide, observe and draft before the host reads back (draft_ahead.py) -

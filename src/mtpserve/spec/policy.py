@@ -97,6 +97,11 @@ class DraftLengthPolicy:
             self._update(seq, 0, 0, idle=True)
         return best
 
+    def would_draft(self, seq: Sequence) -> int:
+        """What :meth:`num_drafts` answers for ``seq`` now, without its side effect (the drift
+        towards the prior of a request that does not draft)."""
+        return self._best(self.acceptance(seq))
+
     def num_drafts_after(self, seq: Sequence, num_drafts: int, num_accepted: int) -> int:
         """What :meth:`num_drafts` will answer for ``seq`` once a verify step of ``num_drafts``
         drafts that accepted ``num_accepted`` is recorded, priced at this step's batch size;

@@ -27,6 +27,9 @@ class Proposer(ABC):
     # True when skipping a step leaves nothing behind (the proposer reads only the tokens when
     # it drafts): the engine may then overlap the steps the policy keeps plain (overlap.py).
     skips_steps = False
+    # True when the proposer can follow a plain step that the host has not read back yet
+    # (:meth:`observe_launched`, MTP): such steps overlap too when nothing drafts.
+    observes_launched = False
 
     def __init__(self, num_steps: int, policy: DraftLengthPolicy | None = None):
         self.k = num_steps
@@ -39,6 +42,15 @@ class Proposer(ABC):
             return True
         self.policy.set_batch(num_seqs)
         return self.policy.allow_drafts()
+
+    def drafts_nothing(self, seqs: list[Sequence], allowed: bool) -> bool:
+        """Whether :meth:`propose` would give every sequence of ``seqs`` no drafts this step
+        (``allowed``: :meth:`allow_drafts`'s answer); changes nothing."""
+        if not allowed:
+            return True
+        return all(min(self.k, seq.room_for_drafts) == 0
+                   or (self.policy is not None and self.policy.would_draft(seq) == 0)
+                   for seq in seqs)
 
     def propose(self, seqs: list[Sequence], allowed: bool | None = None) -> None:
         """Fill in drafts for ``seqs`` (each has exactly one token without K/V: its newest);
@@ -80,6 +92,15 @@ class Proposer(ABC):
         (spec/verify.py; None: the step verifies nothing), for sampled rows. None (the
         default): the step goes the usual way."""
         return None
+
+    def observe_launched(self, sched, hidden: torch.Tensor, next_ids: torch.Tensor) -> None:
+        """Right after a plain step (no drafts) is launched, before the host reads it back
+        (async scheduling, engine/overlap.py): per batch token, the target's hidden state
+        ``hidden`` [T, H] and the id of the token after it ``next_ids`` [T] int64 (overlap.py
+        ``next_token_ids``), both on the device; ``sched``: the step's schedule, its
+        sequences' ``num_computed_tokens`` already past the step. Only proposers with
+        ``observes_launched``."""
+        raise NotImplementedError
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """A verify step of ``seq`` accepted ``num_accepted`` of ``num_drafts`` drafts."""

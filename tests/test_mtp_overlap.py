@@ -1,0 +1,200 @@
+"""Plain steps of an MTP engine under async scheduling (engine/overlap.py): when nothing drafts
+(the load gate vetoes, or the policy gives every sequence 0 drafts) the step is launched before
+the previous one is read back, and the MTP observes it on the device (spec/mtp.py
+``observe_launched``, the ids after each token from overlap.py ``next_token_ids``).
+
+On the tiny trained hybrid (drafts get accepted): the same drafts, step by step, as the
+synchronous engine with the same gate, plain decoding's tokens, with chunked prefill and under
+preemption; and the id pairing itself on hand-made batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness_hybrid import one_thread
+from mtpserve import LLM, SamplingParams
+from mtpserve.engine.overlap import PendingStep, next_token_ids
+from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from mtpserve.engine.sequence import Sequence
+from test_async_scheduling import ScriptedGate
+from trained_hybrid import held_out_prompts, trained_hybrid_dir
+
+K = 3
+KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+def _seq(rid: str, tokens: list[int], computed: int, pending: int = 0) -> Sequence:
+    seq = Sequence(rid, tokens, SamplingParams(), (), 64, None, None)
+    for _ in range(pending):
+        seq.add_placeholder()
+    seq.num_computed_tokens = computed
+    return seq
+
+
+class _Batch:
+    def __init__(self, ids):
+        self.input_ids = torch.tensor(ids)
+
+    @property
+    def num_tokens(self):
+        return self.input_ids.shape[0]
+
+
+def test_next_token_ids_pair_each_token_with_the_one_after_it():
+    # a decode row (its newest token pending from the last step, 41 on the device), a
+    # prefill chunk of 3 that does not end its prompt, the final chunk of another prompt
+    a = _seq("a", [1, 2], computed=2, pending=1)                # decodes position 2
+    b = _seq("b", [10, 11, 12, 13, 14, 15], computed=0)         # chunk 0..2, next is 13
+    c = _seq("c", [20, 21, 22], computed=1)                    # chunk 1..2, samples
+    sched = SchedulerOutput([ScheduledSeq(a, 1, []), ScheduledSeq(b, 3, []),
+                             ScheduledSeq(c, 2, [])])
+    assert [s.samples for s in sched.scheduled] == [True, False, True]
+    for s in sched.scheduled:                                   # as the engine has done
+        s.seq.num_computed_tokens += s.num_new_tokens
+    batch = _Batch([41, 10, 11, 12, 21, 22])
+    sampled = torch.tensor([50, 60])                            # a's and c's tokens
+    prev = PendingStep(SchedulerOutput(), [], torch.tensor([41]), None, None, {"a": 0}, 0.0)
+    ids = next_token_ids(batch, sched, sampled, prev)
+    assert ids.tolist() == [50, 11, 12, 13, 22, 60]
+    # every row decodes one token: the sampled ids themselves
+    e = _seq("e", [30, 31], computed=1)
+    one = SchedulerOutput([ScheduledSeq(e, 1, [])])
+    e.num_computed_tokens = 2
+    assert next_token_ids(_Batch([31]), one, sampled[1:], None).data_ptr() \
+        == sampled[1:].data_ptr()
+
+
+def test_next_token_ids_take_a_pending_token_after_a_prefill_chunk():
+    # recompute after preemption: the chunk ends right before the newest token, a placeholder
+    # the previous step samples (row 1 of it)
+    d = _seq("d", [5, 6, 7], computed=0, pending=1)             # tokens 5 6 7 <pending>
+    sched = SchedulerOutput([ScheduledSeq(d, 3, [])])
+    assert not sched.scheduled[0].samples
+    d.num_computed_tokens = 3
+    prev = PendingStep(SchedulerOutput(), [], torch.tensor([90, 91]), None, None,
+                       {"x": 0, "d": 1}, 0.0)
+    ids = next_token_ids(_Batch([5, 6, 7]), sched, torch.empty(0, dtype=torch.int64), prev)
+    assert ids.tolist() == [6, 7, 91]
+    with pytest.raises(RuntimeError, match="request d: placeholder without a pending token"):
+        next_token_ids(_Batch([5, 6, 7]), sched, torch.empty(0, dtype=torch.int64), None)
+
+
+class TokenCountGate(ScriptedGate):
+    """Allows drafting when the tokens of the running sequences that go on (placeholders
+    included; not those that end on a pending token) add up to a multiple of ``every``: the
+    same steps draft with and without async scheduling, whose extra calls (the read-back of
+    a step whose sequences all end) would shift a pattern counted in calls."""
+
+    def __init__(self, eng, every: int):
+        super().__init__(None)
+        self.eng, self.every = eng, every
+
+    def allow(self, num_seqs):
+        self.calls += 1
+        return sum(s.num_tokens for s in self.eng.scheduler.running
+                   if not s.finishes_by_length) % self.every == 0
+
+
+def engine(async_scheduling: bool, pattern=None, path=None, **kw):
+    """An MTP engine (``path``, default the tiny trained hybrid) whose load gate follows
+    ``pattern`` (None: a TokenCountGate of 3); logs each draft call's drafts and counts the
+    steps launched overlapped and the observes of launched steps."""
+    llm = LLM(str(path or trained_hybrid_dir()), speculative_algorithm="nextn",
+              speculative_num_steps=K, **{**KW, **kw})
+    eng, p = llm.engine, llm.engine.proposer
+    eng.async_scheduling = async_scheduling
+    p.policy.gate = ScriptedGate(list(pattern)) if pattern else TokenCountGate(eng, 3)
+    log, counts = [], {"overlapped": 0, "observed": 0}
+    draft, overlapped, observed = p.draft, eng._overlapped_step, p.observe_launched
+
+    def logged(work):
+        draft(work)
+        pend = p.pending
+        log.append([(s.request_id, pend.drafts[pend.rows[s.request_id]].tolist()
+                     [:len(s.draft_token_ids)] if pend and s.request_id in pend.rows
+                     else list(s.draft_token_ids)) for s, _ in work])
+
+    def overlapped_step(*a):   # counts the calls that launched a step (some only read back)
+        before = eng._pending
+        out = overlapped(*a)
+        counts["overlapped"] += eng._pending is not None and eng._pending is not before
+        return out
+
+    def observe_launched(*a):
+        counts["observed"] += 1
+        return observed(*a)
+
+    p.draft, p.observe_launched = logged, observe_launched
+    eng._overlapped_step = overlapped_step
+    return llm, log, counts
+
+
+def _generate(llm, prompts, params):
+    return [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+
+
+CASES = {"default": {}, "chunked-prefill": dict(max_num_batched_tokens=5),
+         "preemption": dict(max_model_len=32, num_kv_blocks=10)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_plain_steps_overlap_and_drafts_stay_those_of_the_sync_engine(case):
+    kw = CASES[case]
+    prompts = held_out_prompts(5, 6)
+    n = 26 if case == "preemption" else 16
+    params = [SamplingParams(max_tokens=n - i, temperature=0.0, ignore_eos=True)
+              for i in range(5)]
+    want = _generate(LLM(str(trained_hybrid_dir()), **{**KW, **kw}), prompts, params)
+    runs = {}
+    for overlap in (True, False):
+        llm, log, counts = engine(overlap, **kw)
+        ids = _generate(llm, prompts, params)
+        m = llm.engine.spec_metrics
+        runs[overlap] = (ids, log, counts, m.num_accepted_tokens, llm.engine)
+    (ids, log, counts, accepted, eng), (ids0, log0, counts0, accepted0, _) = \
+        runs[True], runs[False]
+    assert ids == want and ids0 == want
+    assert log == log0 and accepted == accepted0 > 0 and len(log) >= 3
+    assert counts0 == {"overlapped": 0, "observed": 0}
+    assert counts["overlapped"] >= 6 and counts["observed"] == counts["overlapped"]
+    if case == "preemption":
+        assert eng.scheduler.num_preemptions > 0
+    assert not eng.proposer.states and eng.proposer.bm.num_free_blocks == eng.runner.num_blocks
+
+
+def test_policy_that_drafts_nothing_lets_every_step_overlap():
+    """The gate allows drafting, but the policy gives every sequence 0 drafts (an acceptance
+    prior of 0: nothing pays): every step overlaps, the MTP still observes each one, and
+    once the policy expects acceptance again the drafts are those the MTP would make."""
+    prompts = held_out_prompts(3, 6)
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    llm, log, counts = engine(True, (True,))
+    policy = llm.engine.proposer.policy
+    policy.prior = 0.0
+    assert _generate(llm, prompts, params) == want
+    assert log == [] and counts["overlapped"] >= 13 and counts["observed"] == counts["overlapped"]
+    # the same engine, drafting again: equal to a sync engine's drafts
+    policy.prior = 0.9
+    got = _generate(llm, prompts, params)
+    sync, log0, _ = engine(False, (True,))
+    sync.engine.proposer.policy.prior = 0.9
+    assert got == want and _generate(sync, prompts, params) == want
+    drafts = [[d for _, d in call] for call in log]   # request ids differ: gen-3.. / gen-0..
+    assert drafts == [[d for _, d in call] for call in log0] and len(log) >= 3
+
+
+def test_penalties_keep_mtp_steps_synchronous():
+    """A request that reads its output so far (a repetition penalty) keeps every step
+    synchronous, even when nothing drafts."""
+    llm, log, counts = engine(True, (False,))
+    params = SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.2)
+    out = _generate(llm, held_out_prompts(1, 6), params)
+    assert len(out[0]) == 6 and counts == {"overlapped": 0, "observed": 0}
