@@ -9,9 +9,9 @@ tokens per request, adaptive policy off: time per step (median over decode steps
 step, time per token and the speedup over plain decoding. ``--adaptive``: the policy on, as the
 server runs by default; it drafts fewer (a step of m drafts accepts min(a, m)) or none where
 drafts do not pay, so steps differ and time per token is total decode time over tokens; then
-once more with drafting vetoed at every step (the MTP engine's cost when nothing drafts). In bf16 the
-verify forward (1 + k rows) may break a near tie the other way than the decode forward: the
-output is then compared with plain decoding and the first difference reported with plain
+once more with drafting vetoed at every step (the MTP engine's cost when nothing drafts). In
+bf16 the verify forward (1 + k rows) may break a near tie the other way than the decode forward:
+the output is then compared with plain decoding and the first difference reported with plain
 decoding's top-2 margin there, and the forcing follows the MTP engine's own output.
 
     python benchmarks/gpu_mtp_speedup.py [--shape qwen3-next-3b] [--k 3] [--json out.json]

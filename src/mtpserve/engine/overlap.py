@@ -17,18 +17,18 @@ its K/V write is that of a real token of the sequence (its last), so nothing els
 Only steps whose sampling needs nothing from the host about the pending tokens overlap: no
 drafts (they depend on the newest token), no repetition / presence / frequency penalties and no
 ``min_tokens`` (both read the output so far). Under speculation, steps where nothing drafts (the
-draft-length policy's load gate vetoes, or the policy gives every sequence 0 drafts) overlap when
-the proposer may skip steps (n-gram: its index catches up whenever it drafts) or can follow a
-step before it is read back: MTP observes every position the step computed right after its
+draft-length policy's load gate vetoes, or the policy gives every sequence 0 drafts) overlap
+when the proposer may skip steps (n-gram: its index catches up whenever it drafts) or can follow
+a step before it is read back: MTP observes every position the step computed right after its
 launch, paired on the device with the token after it (:func:`next_token_ids`: the sampled ids,
 or the prompt's next token after a prefill chunk). Draft models must see every step on the host,
 so they never overlap. The gate then compares drafting steps against overlapped plain steps,
-which is what the speculation would be competing against. The engine drains the pipeline before any other step,
-so greedy and seeded outputs are identical to synchronous steps. Unseeded sampled rows share one
-generator (engine/sampler.py), so the extra row of a sequence that has in fact finished shifts
-their random stream: their tokens follow the same distribution but differ, as they do whenever
-the batch changes. Full KV blocks are published for prefix caching when a step is launched
-(placeholders excluded), so a request admitted by the next step finds them.
+which is what the speculation would be competing against. The engine drains the pipeline before
+any other step, so greedy and seeded outputs are identical to synchronous steps. Unseeded
+sampled rows share one generator (engine/sampler.py), so the extra row of a sequence that has in
+fact finished shifts their random stream: their tokens follow the same distribution but differ,
+as they do whenever the batch changes. Full KV blocks are published for prefix caching when a
+step is launched (placeholders excluded), so a request admitted by the next step finds them.
 """
 
 from __future__ import annotations
