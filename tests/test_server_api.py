@@ -117,6 +117,48 @@ def test_completion_token_ids_equal_text_prompt(server, client, tok):
     assert a.object == "text_completion"
 
 
+def _sse(http, path: str, body: dict) -> list[dict]:
+    with http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return [json.loads(e[len("data: "):]) for e in r.iter_lines()
+                if e and e != "data: [DONE]"]
+
+
+def test_return_token_ids_gives_the_prompt_ids_as_vllm(http, tok):
+    """vLLM's ``return_token_ids``: besides each choice's ``token_ids``, the prompt's ids: at
+    the top of a chat response (in the first chunk of each choice when streaming), in each
+    choice of a completion (in its first chunk when streaming); absent unless asked."""
+    ids = chat_ids(tok, HELLO)
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 3, "temperature": 0, "n": 2,
+            "return_token_ids": True}
+    r = http.post("/v1/chat/completions", json=body).json()
+    assert r["prompt_token_ids"] == ids and all(len(c["token_ids"]) == 3 for c in r["choices"])
+    chunks = _sse(http, "/v1/chat/completions", body)
+    assert [c["prompt_token_ids"] for c in chunks[:2]] == [ids, ids]
+    assert [c["choices"][0]["index"] for c in chunks[:2]] == [0, 1]
+    assert all("prompt_token_ids" not in c for c in chunks[2:])
+    assert [t for c in chunks for ch in c["choices"] if ch["index"] == 0
+            for t in ch.get("token_ids", [])] == r["choices"][0]["token_ids"]
+    prompts = [tok.encode("Once upon a time"), tok.encode("1, 2, 3,")]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 3, "temperature": 0, "n": 2,
+            "return_token_ids": True}
+    r = http.post("/v1/completions", json=body).json()
+    assert [c["prompt_token_ids"] for c in r["choices"]] == [prompts[0]] * 2 + [prompts[1]] * 2
+    firsts = {}
+    for c in _sse(http, "/v1/completions", body):
+        for ch in c["choices"]:
+            if ch["index"] not in firsts:
+                firsts[ch["index"]] = ch.get("prompt_token_ids")
+            else:
+                assert "prompt_token_ids" not in ch
+    assert firsts == {0: prompts[0], 1: prompts[0], 2: prompts[1], 3: prompts[1]}
+    plain = http.post("/v1/completions", json={**body, "return_token_ids": False}).json()
+    assert all("prompt_token_ids" not in c and "token_ids" not in c for c in plain["choices"])
+    plain = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO,
+                                                    "max_tokens": 2}).json()
+    assert "prompt_token_ids" not in plain
+
+
 def test_completion_defaults_to_16_tokens(client):
     r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", temperature=0,
                                   extra_body={"ignore_eos": True})

@@ -65,7 +65,8 @@ class SamplingRequest(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    # vLLM extension: each choice (and each stream chunk) also carries its new token ids
+    # vLLM extension: each choice (and each stream chunk) also carries its new token ids, and
+    # the response its prompt's (chat: top level; completions: each choice; streams: first)
     return_token_ids: bool = False
 
 

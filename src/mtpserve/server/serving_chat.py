@@ -164,14 +164,24 @@ class _ChatFormat:
             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason},
             c.token_ids if self.token_ids else None) for c in st.choices]
         body["usage"] = st.usage()
+        self._add_prompt_ids(body)
         ext = st.extension()
         if ext is not None:
             body["mtpserve"] = ext
         return body
 
-    def _chunk(self, choices: list[dict], last: bool = False, usage: dict | None = None) -> str:
+    def _add_prompt_ids(self, body: dict) -> None:
+        """vLLM's ``prompt_token_ids`` (the one prompt of a chat request) when token ids were
+        asked for."""
+        if self.token_ids:
+            body["prompt_token_ids"] = list(self.run.reqs[0].prompt_token_ids)
+
+    def _chunk(self, choices: list[dict], last: bool = False, usage: dict | None = None,
+               first: bool = False) -> str:
         body = self._base("chat.completion.chunk")
         body["choices"] = choices
+        if first:
+            self._add_prompt_ids(body)
         if self.include_usage:
             body["usage"] = usage
         ext = self.run.state.extension() if last else None
@@ -181,7 +191,8 @@ class _ChatFormat:
 
     def head(self) -> list[str]:
         return [self._chunk([{"index": r.index, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}]) for r in self.run.reqs]
+                              "logprobs": None, "finish_reason": None}], first=True)
+                for r in self.run.reqs]
 
     def render(self, index: int, out: RequestOutput) -> list[str]:
         lp = (chat_logprobs(self.strings, out.new_logprobs)

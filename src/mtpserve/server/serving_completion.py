@@ -138,19 +138,31 @@ class _CompletionFormat:
         self.lp = {r.index: LegacyLogprobs(strings, len(self.prefix[r.index]))
                    for r in run.reqs} if strings is not None else None
         self._open = len(run.reqs)
+        self._prompt_ids = {r.index: r.prompt_token_ids for r in run.reqs}
+        self._unsent = set(self._prompt_ids)   # choices whose prompt ids no chunk carried yet
 
     def _base(self) -> dict:
         return {"id": self.rid, "object": "text_completion", "created": self.run.created,
                 "model": self.model}
 
+    def _with_ids(self, choice: dict, token_ids: list[int]) -> dict:
+        """vLLM's ``token_ids`` and, in a choice's first chunk (or its whole response),
+        ``prompt_token_ids`` when token ids were asked for."""
+        if not self.token_ids:
+            return choice
+        if choice["index"] in self._unsent:
+            self._unsent.discard(choice["index"])
+            choice["prompt_token_ids"] = list(self._prompt_ids[choice["index"]])
+        return with_token_ids(choice, token_ids)
+
     def response(self) -> dict:
         st = self.run.state
         body = self._base()
-        body["choices"] = [with_token_ids({
+        body["choices"] = [self._with_ids({
             "index": c.index, "text": self.prefix[c.index] + c.text,
             "logprobs": self.lp[c.index].build(c.logprobs or []) if self.lp else None,
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason},
-            c.token_ids if self.token_ids else None) for c in st.choices]
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}, c.token_ids)
+            for c in st.choices]
         body["usage"] = st.usage()
         ext = st.extension()
         if ext is not None:
@@ -168,7 +180,8 @@ class _CompletionFormat:
         return sse(body)
 
     def head(self) -> list[str]:
-        return [self._chunk([{"index": i, "text": t, "logprobs": None, "finish_reason": None}])
+        return [self._chunk([self._with_ids({"index": i, "text": t, "logprobs": None,
+                                             "finish_reason": None}, [])])
                 for i, t in self.prefix.items() if t]
 
     def render(self, index: int, out: RequestOutput) -> list[str]:
@@ -182,7 +195,7 @@ class _CompletionFormat:
         choice = {"index": index, "text": out.new_text, "logprobs": lp,
                   "finish_reason": out.finish_reason if out.finished else None,
                   "stop_reason": out.stop_reason if out.finished else None}
-        return [self._chunk([with_token_ids(choice, ids)], last=last)]
+        return [self._chunk([self._with_ids(choice, out.new_token_ids)], last=last)]
 
     def tail(self) -> list[str]:
         if not self.include_usage:
