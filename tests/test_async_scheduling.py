@@ -172,15 +172,17 @@ class ScriptedGate:
         self.sized.append((num_seqs, drafted, tokens))
 
 
-@pytest.mark.parametrize("pattern, budget", [((False, False, True), None), ((True, False), None),
-                                             ((True, False), 8)])
-def test_ngram_steps_kept_plain_by_the_gate_overlap(smollm2_llm, pattern, budget):
-    """With n-gram drafting, steps the load gate keeps plain run overlapped and steps it lets
-    draft run synchronously; greedy outputs equal plain decoding. Plain steps reach the gate
-    also when a drafting step drains them (the alternation (True, False) that a new batch-size
-    bucket starts with: each plain step is resolved by the drafting step after it). With a
-    token budget of 8, a drafting step leaves some sequences' drafts unscheduled; the overlapped
-    step after it must not verify them."""
+@pytest.mark.parametrize("algo, pattern, budget", [
+    ("ngram", (False, False, True), None), ("ngram", (True, False), None),
+    ("ngram", (True, False), 8), ("draft", (False, False, True), None)])
+def test_steps_kept_plain_by_the_gate_overlap(smollm2_llm, algo, pattern, budget):
+    """With n-gram drafting, or a draft model (the target itself: it catches up on the tokens
+    of the steps it skipped when it next drafts), steps the load gate keeps plain run
+    overlapped and steps it lets draft run synchronously; greedy outputs equal plain decoding.
+    Plain steps reach the gate also when a drafting step drains them (the alternation (True,
+    False) that a new batch-size bucket starts with: each plain step is resolved by the
+    drafting step after it). With a token budget of 8, a drafting step leaves some sequences'
+    drafts unscheduled; the overlapped step after it must not verify them."""
     from mtpserve.config import SpeculativeConfig
     from mtpserve.spec import build_proposer
     from mtpserve.spec.metrics import SpecMetrics
@@ -194,9 +196,15 @@ def test_ngram_steps_kept_plain_by_the_gate_overlap(smollm2_llm, pattern, budget
     prompts = [ids, ids[:-1]] + ([ids[:-2]] if budget else [])
     want = [o.token_ids for r in llm.generate(prompts, p) for o in r.outputs]
     gate = ScriptedGate(list(pattern))
-    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    spec = SpeculativeConfig(algorithm=algo, num_steps=3,
+                             draft_model_path="self" if algo == "draft" else None)
+    eng.proposer = build_proposer(spec, eng)
     eng.proposer.policy.gate = gate
+    if algo == "draft":   # drafting with the target itself never pays: let it draft anyway
+        eng.proposer.policy.cost = eng.proposer.policy.draft_cost = 0.0
     eng.spec_metrics = metrics = SpecMetrics(3)
+    steps, overlapped = eng._overlapped_step, []
+    eng._overlapped_step = lambda *a: overlapped.append(1) or steps(*a)
     full_budget = eng.scheduler.budget
     eng.scheduler.budget = budget or full_budget
     try:
@@ -205,8 +213,11 @@ def test_ngram_steps_kept_plain_by_the_gate_overlap(smollm2_llm, pattern, budget
     finally:
         eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
         eng.scheduler.budget = full_budget
+        del eng._overlapped_step
     assert got == want
-    assert metrics.num_accepted_tokens > 0
+    assert metrics.num_accepted_tokens > 0 and len(overlapped) >= 5
+    if algo == "draft":   # after the skipped steps it caught up: it drafts the target's tokens
+        assert metrics.num_accepted_tokens == metrics.num_draft_tokens
     assert sum(d for d, _ in gate.records) >= 3
     if budget is None:
         # every plain step (one token per running sequence) and every drafting step is recorded

@@ -53,6 +53,10 @@ class DraftModelProposer(Proposer):
         ValueError: the draft model's vocabulary differs from the target's.
     """
 
+    # each proposal first catches up on every token accepted since the last one (_state: the
+    # longest common prefix of its view and the target's tokens), however many steps ago
+    skips_steps = True
+
     def __init__(self, num_steps: int, runner: ModelRunner, target_vocab: int,
                  eos_token_ids: tuple[int, ...], greedy_only: bool = False, policy=None):
         super().__init__(num_steps, policy)
