@@ -266,9 +266,10 @@ def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
 
 def test_mtp_plain_steps_overlap_with_graphs_as_sync_steps(tmp_path):
     """Tiny hybrid (float32) on CUDA, captured graphs, async scheduling: the steps the gate
-    keeps plain are launched before the previous one is read back and the MTP observes them on
-    the device (spec/mtp.py ``observe_launched``); the drafts of the other steps are, step
-    after step, those of the synchronous engine, and both generate the CPU's greedy tokens."""
+    keeps plain are launched before the previous one is read back, their hidden states kept
+    on the device and observed by the MTP in one forward before it drafts (spec/mtp.py
+    ``observe_launched``, mtp_backlog.py); the drafts of the other steps are, step after
+    step, those of the synchronous engine, and both generate the CPU's greedy tokens."""
     import sys
     sys.path.insert(0, "tests")
     from harness_hybrid import random_mtp_weights, tiny_hybrid_hf

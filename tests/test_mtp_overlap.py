@@ -111,8 +111,15 @@ def engine(async_scheduling: bool, pattern=None, path=None, **kw):
     eng, p = llm.engine, llm.engine.proposer
     eng.async_scheduling = async_scheduling
     p.policy.gate = ScriptedGate(list(pattern)) if pattern else TokenCountGate(eng, 3)
-    log, counts = [], {"overlapped": 0, "observed": 0}
+    log, counts = [], {"overlapped": 0, "observed": 0, "forwards": 0}
     draft, overlapped, observed = p.draft, eng._overlapped_step, p.observe_launched
+    forward = p._observe_forward
+
+    def counted_forward(*a, **k):
+        counts["forwards"] += 1
+        return forward(*a, **k)
+
+    p._observe_forward = counted_forward
 
     def logged(work):
         draft(work)
@@ -141,11 +148,14 @@ def _generate(llm, prompts, params):
 
 
 CASES = {"default": {}, "chunked-prefill": dict(max_num_batched_tokens=5),
-         "preemption": dict(max_model_len=32, num_kv_blocks=10)}
+         "preemption": dict(max_model_len=32, num_kv_blocks=10), "backlog-of-2-steps": {}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_plain_steps_overlap_and_drafts_stay_those_of_the_sync_engine(case):
+    """Plain steps overlap and the MTP observes them from its backlog (spec/mtp_backlog.py),
+    in one forward per run of plain steps (or every 2 steps when the backlog holds 2): the
+    drafts are those of the synchronous engine, which observes every step as it runs."""
     kw = CASES[case]
     prompts = held_out_prompts(5, 6)
     n = 26 if case == "preemption" else 16
@@ -155,6 +165,8 @@ def test_plain_steps_overlap_and_drafts_stay_those_of_the_sync_engine(case):
     runs = {}
     for overlap in (True, False):
         llm, log, counts = engine(overlap, **kw)
+        if case == "backlog-of-2-steps":
+            llm.engine.proposer.backlog.max_steps = 2
         ids = _generate(llm, prompts, params)
         m = llm.engine.spec_metrics
         runs[overlap] = (ids, log, counts, m.num_accepted_tokens, llm.engine)
@@ -162,8 +174,10 @@ def test_plain_steps_overlap_and_drafts_stay_those_of_the_sync_engine(case):
         runs[True], runs[False]
     assert ids == want and ids0 == want
     assert log == log0 and accepted == accepted0 > 0 and len(log) >= 3
-    assert counts0 == {"overlapped": 0, "observed": 0}
+    assert counts0["overlapped"] == counts0["observed"] == 0
     assert counts["overlapped"] >= 6 and counts["observed"] == counts["overlapped"]
+    # the sync engine runs the MTP after every step; the async one once per backlog
+    assert counts["forwards"] < counts0["forwards"]
     if case == "preemption":
         assert eng.scheduler.num_preemptions > 0
     assert not eng.proposer.states and eng.proposer.bm.num_free_blocks == eng.runner.num_blocks
@@ -181,6 +195,7 @@ def test_policy_that_drafts_nothing_lets_every_step_overlap():
     policy.prior = 0.0
     assert _generate(llm, prompts, params) == want
     assert log == [] and counts["overlapped"] >= 13 and counts["observed"] == counts["overlapped"]
+    assert counts["forwards"] == 0 and len(llm.engine.proposer.backlog) == counts["overlapped"]
     # the same engine, drafting again: equal to a sync engine's drafts
     policy.prior = 0.9
     got = _generate(llm, prompts, params)
@@ -197,4 +212,73 @@ def test_penalties_keep_mtp_steps_synchronous():
     llm, log, counts = engine(True, (False,))
     params = SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.2)
     out = _generate(llm, held_out_prompts(1, 6), params)
-    assert len(out[0]) == 6 and counts == {"overlapped": 0, "observed": 0}
+    assert len(out[0]) == 6 and counts["overlapped"] == counts["observed"] == 0
+
+
+def test_backlog_keeps_each_sequences_latest_run_of_positions():
+    """ObserveBacklog.take: per running sequence its consecutive positions across steps, rows
+    in backlog order; a sequence recomputed from 0 after preemption starts a new run; a
+    finished one is left out; the backlog is full at its step or token limit."""
+    from mtpserve.spec.mtp_backlog import ObserveBacklog
+
+    a = _seq("a", [1, 2, 3, 4, 5, 6], computed=3)
+    b = _seq("b", [7, 8, 9], computed=0)
+    c = _seq("c", [4, 4], computed=1)
+    log = ObserveBacklog(max_tokens=9, max_steps=3)
+
+    def step(*chunks):   # (seq, tokens) per scheduled sequence
+        sched = SchedulerOutput([ScheduledSeq(s, n, []) for s, n in chunks])
+        for s, n in chunks:
+            s.num_computed_tokens += n
+        T = sum(n for _, n in chunks)
+        hidden = torch.arange(float(log.num_tokens), float(log.num_tokens + T)).unsqueeze(1)
+        log.add(sched, hidden, hidden[:, 0].long() + 100)
+
+    step((a, 1), (b, 2), (c, 1))          # a: 3, b: 0-1, c: 1      rows 0 | 1 2 | 3
+    assert not log.full
+    a.num_computed_tokens = 0             # a preempted: recomputed from 0
+    step((b, 1), (a, 2))                  # b: 2, a: 0-1            rows 4 | 5 6
+    c.finish("abort")
+    step((a, 1))                          # a: 2                    row 7
+    assert log.full and len(log) == 3 and log.num_tokens == 8
+    runs, hidden, ids = log.take()
+    assert [(r.seq.request_id, r.start, r.rows) for r in runs] == [("a", 0, [5, 6, 7]),
+                                                                  ("b", 0, [1, 2, 4])]
+    assert hidden.flatten().tolist() == list(range(8)) and ids.tolist()[:2] == [100, 101]
+    assert len(log) == 0 and log.num_tokens == 0 and log.take() == ([], None, None)
+
+
+def test_a_synchronous_step_observes_the_backlog_first():
+    """Overlapped plain steps, then synchronous ones that draft nothing (a request with a
+    repetition penalty arrives: every step drains), then drafting: the MTP catches up on the
+    backlog before it observes the first synchronous step, so the greedy sequences keep sound
+    MTP states and draft (accepted on the trained model) once the gate opens."""
+    llm, log, counts = engine(True, (False,))
+    eng, prompts = llm.engine, held_out_prompts(3, 6)
+    gate, p = eng.proposer.policy.gate, SamplingParams(max_tokens=30, temperature=0.0,
+                                                       ignore_eos=True)
+    out: dict[str, list[int]] = {}
+
+    def step():
+        for o in eng.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+
+    eng.add_request("g0", prompts[0], p)
+    eng.add_request("g1", prompts[1], p)
+    for _ in range(8):
+        step()
+    assert counts["overlapped"] >= 5 and len(eng.proposer.backlog) > 0
+    eng.add_request("pen", prompts[2], SamplingParams(max_tokens=4, temperature=0.0,
+                                                      repetition_penalty=1.3))
+    launched = counts["overlapped"]
+    while "pen" in eng.seqs:
+        step()
+    assert counts["overlapped"] == launched and len(eng.proposer.backlog) == 0
+    assert not any(eng.proposer.states[r].broken for r in ("g0", "g1"))
+    gate.pattern = [True]
+    while eng.has_unfinished_requests():
+        step()
+    drafted = {rid for call in log for rid, d in call if d}
+    assert drafted == {"g0", "g1"} and eng.spec_metrics.num_accepted_tokens > 0
+    want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts[:2], p)
+    assert [out["g0"], out["g1"]] == want and len(out["pen"]) == 4

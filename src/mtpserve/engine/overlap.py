@@ -20,9 +20,10 @@ drafts (they depend on the newest token), no repetition / presence / frequency p
 draft-length policy's load gate vetoes, or the policy gives every sequence 0 drafts) overlap
 when the proposer may skip steps (n-gram: its index catches up whenever it drafts; a draft
 model: its first pass of a proposal computes every token accepted since the last) or can follow
-a step before it is read back: MTP observes every position the step computed right after its
-launch, paired on the device with the token after it (:func:`next_token_ids`: the sampled ids,
-or the prompt's next token after a prefill chunk). The gate then compares drafting steps against overlapped plain steps,
+a step before it is read back: MTP keeps every position the step computed, paired on the device
+with the token after it (:func:`next_token_ids`: the sampled ids, or the prompt's next token
+after a prefill chunk), and observes them in one forward before it drafts again
+(spec/mtp_backlog.py). The gate then compares drafting steps against overlapped plain steps,
 which is what the speculation would be competing against. The engine drains the pipeline before
 any other step, so greedy and seeded outputs are identical to synchronous steps. Unseeded
 sampled rows share one generator (engine/sampler.py), so the extra row of a sequence that has in

@@ -12,7 +12,9 @@ step, the last accepted token and the accepted drafts). Its output at the last o
 position L - 2 (L = tokens so far), predicts the next token: that is draft 1. Drafts 2..m
 chain: (y_{s-1}, d_{s-1}) at position L - 3 + s. Those chained K/V entries were made from draft
 states, so the shadow forgets them at once; the next ``observe`` overwrites them with the
-target's real hidden states. The MTP therefore never needs its own rollback.
+target's real hidden states. The MTP therefore never needs its own rollback. Plain steps
+launched overlapped under async scheduling (nothing drafts) are observed later, all at once,
+before the next drafting step (:meth:`observe_launched`, mtp_backlog.py).
 
 When every drafting sequence is greedy, all drafts of a step come from one host-side layout and
 (on CUDA) one graph replay (mtp_chain.py, mtp_chain_graph.py), and stay on the device until the
@@ -42,6 +44,7 @@ from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decod
                                        greedy_acceptance, next_budgets, observe_inputs,
                                        plain, shadow_tokens)
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
+from mtpserve.spec.mtp_backlog import ObserveBacklog
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
 from mtpserve.spec.pending_drafts import PendingDrafts
 from mtpserve.spec.proposer import Proposer
@@ -89,6 +92,8 @@ class MTPProposer(Proposer):
         # distribution step by step (the step loop; q kept for the residual).
         self.sampled_drafts = False
         self.draft_ahead = True   # greedy verify steps observe and draft before the read-back
+        # plain steps launched overlapped and not observed yet (mtp_backlog.py)
+        self.backlog = ObserveBacklog(runner.config.max_num_batched_tokens)
         self.pending: PendingDrafts | None = None   # this step's chain drafts, on the device
         self.ahead: AheadStep | None = None        # the verify step observed ahead, if any
         # drafts the last verify step made ahead: (drafts [B, m] on the device,
@@ -101,6 +106,7 @@ class MTPProposer(Proposer):
     def observe(self, items: list[tuple[Sequence, int, torch.Tensor]]) -> None:
         """``items``: (sequence, first position, target hidden states [n, H] of positions
         first..first+n-1, all of them valid)."""
+        self.catch_up()   # plain steps still in the backlog come first
         if self.ahead is not None:
             items = self._observed_ahead(items)
         sched, hiddens, states = SchedulerOutput(), [], []
@@ -116,22 +122,33 @@ class MTPProposer(Proposer):
     @torch.inference_mode()
     def observe_launched(self, sched: SchedulerOutput, hidden: torch.Tensor,
                          next_ids: torch.Tensor) -> None:
-        """The observe of a plain step launched but not read back (async scheduling): every
-        position it computed, paired with the token after it on the device (no host sync), so
-        plain steps of an MTP engine overlap like any engine's (engine/overlap.py). A sequence
-        that turns out to have finished on the step's token is observed all the same; its
-        state goes when it is released."""
-        obs, rows, states, offset = SchedulerOutput(), [], [], 0
-        for s in sched.scheduled:
-            n = s.num_new_tokens
-            st = self._admit(s.seq, s.seq.num_computed_tokens - n, n)
+        """A plain step launched but not read back (async scheduling): every position it
+        computed, paired with the token after it on the device (no host sync), so plain steps
+        of an MTP engine overlap like any engine's (engine/overlap.py). Kept in the backlog
+        (mtp_backlog.py) and observed in one forward with the steps after it when a step
+        drafts again (:meth:`catch_up`), or now when the backlog is full."""
+        self.backlog.add(sched, hidden, next_ids)
+        if self.backlog.full:
+            self.catch_up()
+
+    @torch.inference_mode()
+    def catch_up(self) -> None:
+        """Observe every plain step in the backlog, one forward for all (mtp_backlog.py). A
+        sequence that turned out to have finished is left out (one that finished on a step's
+        token since the backlog was last full is observed all the same; its state goes when it
+        is released)."""
+        if not len(self.backlog):
+            return
+        runs, hidden, ids = self.backlog.take()
+        obs, rows, states = SchedulerOutput(), [], []
+        for r in runs:
+            st = self._admit(r.seq, r.start, len(r.rows))
             if st is not None:
-                obs.scheduled.append(ScheduledSeq(st.shadow, n, []))
-                rows.extend(range(offset, offset + n))
+                obs.scheduled.append(ScheduledSeq(st.shadow, len(r.rows), []))
+                rows.extend(r.rows)
                 states.append(st)
-            offset += n
         if states:
-            self._observe_forward(obs, states, _take(hidden, rows), _take(next_ids, rows))
+            self._observe_forward(obs, states, _take(hidden, rows), _take(ids, rows))
 
     def _admit(self, seq: Sequence, start: int, n: int) -> _MTPState | None:
         """``seq``'s MTP state, its shadow given blocks for an observe of ``n`` positions from
@@ -301,6 +318,7 @@ class MTPProposer(Proposer):
 
     @torch.inference_mode()
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        self.catch_up()   # the MTP cache must hold every position before drafting from it
         active = []
         for seq, budget in work:
             st = self.states.get(seq.request_id)

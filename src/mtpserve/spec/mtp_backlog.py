@@ -1,0 +1,86 @@
+"""Plain steps the MTP has not observed yet (async scheduling, engine/overlap.py).
+
+When nothing drafts, the MTP need not observe each step as it runs: its cache only has to hold
+every position's pair (target hidden state, next token) by the time a sequence drafts again.
+So an overlapped plain step only keeps a copy of its hidden states and the ids after them on
+the device (:meth:`ObserveBacklog.add`, one small copy), and the MTP observes the whole backlog
+in one forward later (spec/mtp.py ``catch_up``): before the next drafting step, or when the
+backlog reaches its limit. A step of the MTP layer costs about what a target layer does, so
+observing every plain step made an MTP engine whose drafts do not pay slower than plain
+decoding by about one layer in (num_layers + 1); one forward over many positions costs about
+one step's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mtpserve.engine.scheduler import SchedulerOutput
+from mtpserve.engine.sequence import Sequence
+
+
+@dataclass
+class Run:
+    """One sequence's positions ``start .. start + len(rows) - 1``, kept back to back in the
+    backlog at ``rows`` (indices into :meth:`ObserveBacklog.tensors`)."""
+
+    seq: Sequence
+    start: int
+    rows: list[int] = field(default_factory=list)
+
+
+class ObserveBacklog:
+    """Launched plain steps not observed by the MTP yet.
+
+    Args:
+        max_tokens: positions held before the proposer must catch up (a prefill chunk alone
+            may reach it); max_steps: steps held before it must.
+    """
+
+    def __init__(self, max_tokens: int, max_steps: int = 64):
+        self.max_tokens, self.max_steps = max_tokens, max_steps
+        self._steps: list[tuple[list[tuple[Sequence, int, int]], torch.Tensor, torch.Tensor]] = []
+        self.num_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    @property
+    def full(self) -> bool:
+        return self.num_tokens >= self.max_tokens or len(self._steps) >= self.max_steps
+
+    def add(self, sched: SchedulerOutput, hidden: torch.Tensor, next_ids: torch.Tensor) -> None:
+        """Keep a launched plain step: ``sched`` (its sequences' ``num_computed_tokens``
+        already past it), ``hidden`` [T, H] per batch token (copied: a graph's output buffer is
+        rewritten by the next replay) and ``next_ids`` [T] int64 (kept as is)."""
+        items = [(s.seq, s.seq.num_computed_tokens - s.num_new_tokens, s.num_new_tokens)
+                 for s in sched.scheduled]
+        self._steps.append((items, hidden.clone(), next_ids))
+        self.num_tokens += hidden.shape[0]
+
+    def take(self) -> tuple[list[Run], torch.Tensor | None, torch.Tensor | None]:
+        """Empty the backlog: per sequence still running, its latest run of consecutive
+        positions (a sequence preempted and recomputed starts a new run, which replaces the
+        old), and all steps' hidden states [O, H] and next ids [O] back to back (None when
+        empty)."""
+        steps, self._steps, self.num_tokens = self._steps, [], 0
+        runs: dict[str, Run] = {}
+        row = 0
+        for items, _, _ in steps:
+            for seq, start, n in items:
+                r = runs.get(seq.request_id)
+                if r is None or r.start + len(r.rows) != start:
+                    r = runs[seq.request_id] = Run(seq, start)
+                r.rows.extend(range(row, row + n))
+                row += n
+        if not steps:
+            return [], None, None
+        hidden = _cat([h for _, h, _ in steps])
+        ids = _cat([i for _, _, i in steps])
+        return [r for r in runs.values() if not r.seq.is_finished], hidden, ids
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
