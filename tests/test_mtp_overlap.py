@@ -282,3 +282,38 @@ def test_a_synchronous_step_observes_the_backlog_first():
     assert drafted == {"g0", "g1"} and eng.spec_metrics.num_accepted_tokens > 0
     want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts[:2], p)
     assert [out["g0"], out["g1"]] == want and len(out["pen"]) == 4
+
+
+def test_shadow_pool_runs_short_where_the_sync_engine_does():
+    """Under KV pressure a preempted sequence keeps its MTP shadow blocks, so the shadow pool
+    runs short before the target's and a state breaks for good (never drafts again). The
+    overlapped plain steps must take shadow blocks step by step as the synchronous observe
+    does: taken at the catch-up instead (a run of steps per sequence at once), gen-2's
+    state broke where the synchronous engine breaks gen-1's, and the drafts differed."""
+    prompts = [[10, 13, 16], [18, 19, 20, 21, 22, 23, 24, 25, 26],
+               [50, 52, 54, 56, 58, 60, 62, 2, 4]]
+    params = [SamplingParams(max_tokens=32 - len(p), temperature=0.0, ignore_eos=True)
+              for p in prompts]
+    kw = dict(max_model_len=32, num_kv_blocks=12)
+    want = _generate(LLM(str(trained_hybrid_dir()), **{**KW, **kw}), prompts, params)
+    runs = {}
+    for overlap in (True, False):
+        llm, log, counts = engine(overlap, **kw)
+        eng, p = llm.engine, llm.engine.proposer
+        p.policy.gate.every = 6
+        broken, brk = [], p._break
+
+        def first_break(st, brk=brk, broken=broken):
+            if not st.broken:
+                broken.append(st.shadow.request_id)
+            brk(st)
+
+        p._break = first_break
+        ids = _generate(llm, prompts, params)
+        runs[overlap] = (ids, log, broken, eng.scheduler.num_preemptions, counts["overlapped"])
+        assert not p.states and p.bm.num_free_blocks == eng.runner.num_blocks
+    (ids, log, broken, preempted, overlapped), (ids0, log0, broken0, preempted0, _) = \
+        runs[True], runs[False]
+    assert ids == ids0 == want and preempted == preempted0 == 3 and overlapped >= 20
+    assert broken0 == ["gen-0", "gen-1"] and broken == broken0
+    assert log == log0 and len(log) >= 3

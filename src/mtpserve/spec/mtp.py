@@ -126,27 +126,47 @@ class MTPProposer(Proposer):
         computed, paired with the token after it on the device (no host sync), so plain steps
         of an MTP engine overlap like any engine's (engine/overlap.py). Kept in the backlog
         (mtp_backlog.py) and observed in one forward with the steps after it when a step
-        drafts again (:meth:`catch_up`), or now when the backlog is full."""
+        drafts again (:meth:`catch_up`), or now when the backlog is full.
+
+        The shadows take their blocks now, step by step in schedule order, as the synchronous
+        ``observe`` after each step does; only the forward waits. Taking them at the catch-up
+        instead (a run of steps per sequence at once, finished sequences left out) made the pool
+        run short elsewhere than in the synchronous engine when preempted sequences hold shadow
+        blocks: another sequence's state broke for good, so other sequences drafted (and a
+        seeded sampling request drew other tokens)."""
+        for s in sched.scheduled:
+            n = s.num_new_tokens
+            st = self._admit(s.seq, s.seq.num_computed_tokens - n, n)
+            if st is not None:   # its K/V comes in the catch-up's forward
+                st.shadow.num_computed_tokens += n
         self.backlog.add(sched, hidden, next_ids)
         if self.backlog.full:
             self.catch_up()
 
     @torch.inference_mode()
     def catch_up(self) -> None:
-        """Observe every plain step in the backlog, one forward for all (mtp_backlog.py). A
-        sequence that turned out to have finished is left out (one that finished on a step's
-        token since the backlog was last full is observed all the same; its state goes when it
-        is released)."""
+        """Observe every plain step in the backlog, one forward for all (mtp_backlog.py): the
+        positions :meth:`observe_launched` admitted (blocks taken, shadows counted past them),
+        per sequence its latest run. A sequence that turned out to have finished is left out
+        (one that finished on a step's token since the backlog was last full is observed all
+        the same; its state goes when it is released), and so is one whose state broke."""
         if not len(self.backlog):
             return
         runs, hidden, ids = self.backlog.take()
         obs, rows, states = SchedulerOutput(), [], []
         for r in runs:
-            st = self._admit(r.seq, r.start, len(r.rows))
-            if st is not None:
-                obs.scheduled.append(ScheduledSeq(st.shadow, len(r.rows), []))
-                rows.extend(r.rows)
-                states.append(st)
+            st = self.states.get(r.seq.request_id)
+            if st is None or st.broken:
+                continue
+            sh, n = st.shadow, len(r.rows)
+            if sh.num_computed_tokens != r.start + n:   # not what was admitted: never draft
+                self._break(st)
+                continue
+            sh.token_ids = r.seq.token_ids[1:]
+            sh.num_computed_tokens = r.start   # the forward lays the run out from its start
+            obs.scheduled.append(ScheduledSeq(sh, n, []))
+            rows.extend(r.rows)
+            states.append(st)
         if states:
             self._observe_forward(obs, states, _take(hidden, rows), _take(ids, rows))
 
