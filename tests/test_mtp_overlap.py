@@ -195,7 +195,8 @@ def test_policy_that_drafts_nothing_lets_every_step_overlap():
     policy.prior = 0.0
     assert _generate(llm, prompts, params) == want
     assert log == [] and counts["overlapped"] >= 13 and counts["observed"] == counts["overlapped"]
-    assert counts["forwards"] == 0 and len(llm.engine.proposer.backlog) == counts["overlapped"]
+    # no MTP forward at all; the backlog went with the last request
+    assert counts["forwards"] == 0 and len(llm.engine.proposer.backlog) == 0
     # the same engine, drafting again: equal to a sync engine's drafts
     policy.prior = 0.9
     got = _generate(llm, prompts, params)
@@ -317,3 +318,28 @@ def test_shadow_pool_runs_short_where_the_sync_engine_does():
     assert ids == ids0 == want and preempted == preempted0 == 3 and overlapped >= 20
     assert broken0 == ["gen-0", "gen-1"] and broken == broken0
     assert log == log0 and len(log) >= 3
+
+
+def test_a_sequence_that_cannot_draft_does_not_stop_the_overlap():
+    """Steps overlap when the only sequences the policy would let draft cannot: one whose MTP
+    state broke for good, or one whose pending token leaves no room for drafts
+    (``room_for_drafts`` counts tokens still on the device)."""
+    seq = _seq("s", [1, 2, 3], computed=2)
+    seq.max_tokens = 3
+    seq.output_token_ids = [3]
+    assert seq.room_for_drafts == 1
+    seq.add_placeholder()
+    assert seq.room_for_drafts == 0          # 2 of 3 tokens sampled: the last one only
+    llm, log, counts = engine(True, (True,))
+    eng, p = llm.engine, llm.engine.proposer
+    p.policy.prior = 0.95
+    eng.add_request("a", held_out_prompts(1, 6)[0], SamplingParams(max_tokens=20,
+                                                                   temperature=0.0,
+                                                                   ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    assert len(log) == 3 and counts["overlapped"] == 1   # the prefill, then it drafts
+    p._break(p.states["a"])
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert counts["overlapped"] >= 8 and not any(d for call in log[3:] for _, d in call)

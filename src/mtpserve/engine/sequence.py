@@ -88,8 +88,9 @@ class Sequence:
 
     @property
     def room_for_drafts(self) -> int:
-        """Most draft tokens this step may carry without passing max_tokens or max_model_len."""
-        left_tokens = self.max_tokens - len(self.output_token_ids) - 1
+        """Most draft tokens this step may carry without passing max_tokens or max_model_len
+        (tokens still pending on the device count as output: async scheduling)."""
+        left_tokens = self.max_tokens - len(self.output_token_ids) - self.num_pending - 1
         left_positions = self.max_model_len - self.num_tokens
         return max(0, min(left_tokens, left_positions))
 

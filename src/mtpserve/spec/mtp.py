@@ -338,6 +338,8 @@ class MTPProposer(Proposer):
 
     @torch.inference_mode()
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
+        if all(getattr(self.states.get(seq.request_id), "broken", False) for seq, _ in work):
+            return   # (an overlapped step's propose: only sequences that never draft again)
         self.catch_up()   # the MTP cache must hold every position before drafting from it
         active = []
         for seq, budget in work:
@@ -528,11 +530,20 @@ class MTPProposer(Proposer):
         st.broken, st.last_hidden = True, None
         self.bm.free_seq(st.shadow)
 
+    def drafts_nothing(self, seqs: list[Sequence], allowed: bool) -> bool:
+        """As Proposer's, leaving out sequences whose MTP state broke: they never draft again
+        (else every step the gate allows them would drain the pipeline for nothing)."""
+        return super().drafts_nothing(
+            [s for s in seqs if not getattr(self.states.get(s.request_id), "broken", False)],
+            allowed)
+
     def release(self, seq: Sequence) -> None:
         super().release(seq)
         st = self.states.pop(seq.request_id, None)
         if st is not None:
             self.bm.free_seq(st.shadow)
+        if not self.states:   # nothing left to observe: drop the hidden states kept for it
+            self.backlog.take()
 
 
 def _take(x: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
