@@ -1,15 +1,15 @@
 """Plain steps the MTP has not observed yet (async scheduling, engine/overlap.py).
 
 When nothing drafts, the MTP need not observe each step as it runs: its cache only has to hold
-every position's pair (target hidden state, next token) by the time a sequence drafts again.
-So an overlapped plain step only keeps a copy of its hidden states and the ids after them on
-the device (:meth:`ObserveBacklog.add`, one small copy; the MTP shadows take their KV blocks at
+every position's pair (target hidden state, next token) by the time a sequence drafts again. So
+an overlapped plain step only keeps a copy of its hidden states and the ids after them on the
+device (:meth:`ObserveBacklog.add`, one small copy; the MTP shadows take their KV blocks at
 once, as the synchronous observe would, so the pool runs short where it would), and the MTP
 observes the whole backlog in one forward later (spec/mtp.py ``catch_up``): before the next
-drafting step, or when the backlog reaches its limit. A step of the MTP layer costs about what a target layer does, so
-observing every plain step made an MTP engine whose drafts do not pay slower than plain
-decoding by about one layer in (num_layers + 1); one forward over many positions costs about
-one step's.
+drafting step, or when the backlog reaches its limit. A step of the MTP layer costs about what a
+target layer does, so observing every plain step made an MTP engine whose drafts do not pay
+slower than plain decoding by about one layer in (num_layers + 1); one forward over many
+positions costs about one step's.
 """
 
 from __future__ import annotations
