@@ -6,10 +6,10 @@ an overlapped plain step only keeps a copy of its hidden states and the ids afte
 device (:meth:`ObserveBacklog.add`, one small copy; the MTP shadows take their KV blocks at
 once, as the synchronous observe would, so the pool runs short where it would), and the MTP
 observes the whole backlog in one forward later (spec/mtp.py ``catch_up``): before the next
-drafting step, or when the backlog reaches its limit. A step of the MTP layer costs about what a
-target layer does, so observing every plain step made an MTP engine whose drafts do not pay
-slower than plain decoding by about one layer in (num_layers + 1); one forward over many
-positions costs about one step's.
+drafting step, or when the backlog reaches its limit. An MTP step costs about what one target
+layer does, so observing every plain step would keep an MTP engine whose drafts do not pay about
+one layer in num_layers + 1 slower than plain decoding (reasoned from the shapes, not yet
+measured on a GPU); one forward over many positions costs about one step's.
 """
 
 from __future__ import annotations
