@@ -162,6 +162,28 @@ def test_malformed_bodies(server, http, raw):
     good_request(http, server.model)
 
 
+@pytest.mark.parametrize("raw, says", [
+    # Python refuses to convert an integer of more than 4300 digits (a ValueError, not a
+    # JSONDecodeError); json's decoder recurses per nesting level (a RecursionError)
+    (b'{"seed": 1' + b"0" * 5000 + b"}", "Exceeds the limit (4300 digits)"),
+    (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply")])
+def test_bodies_python_cannot_decode_are_bad_requests(server, http, raw, says):
+    for path in (CHAT, CMPL):
+        r = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+        err = assert_error(r, 400, None, None)
+        assert err["message"].startswith("the request body is not valid JSON: " + says)
+    good_request(http, server.model)
+
+
+def test_null_n_and_return_token_ids_mean_their_defaults(server, http):
+    """As vLLM: ``"n": null`` is one choice, ``"return_token_ids": null`` returns no ids."""
+    r = http.post(CMPL, json={"model": server.model, "prompt": [1, 2, 3], "max_tokens": 2,
+                              "n": None, "return_token_ids": None})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert len(choices) == 1 and "token_ids" not in choices[0]
+
+
 @pytest.mark.parametrize("path,field,body", [
     (CHAT, "messages", '"messages": [{"role": "user", "content": "\\ud800 hi"}]'),
     (CHAT, "messages", '"messages": [{"role": "system", "content": "x\\ud83d"}, '

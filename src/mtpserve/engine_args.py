@@ -36,12 +36,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory for weights, activations and the KV cache")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="prepare each step on the host while the previous one runs on the GPU "
-                        "(default: on with CUDA; steps with speculation, penalties or "
-                        "min_tokens run synchronously)")
+                   help="prepare each step on the host while the previous one runs on the "
+                        "device (default: on with CUDA, off on the CPU, where it can be turned "
+                        "on; steps that draft, or serve penalties or min_tokens, run "
+                        "synchronously)")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-algorithm", choices=SPEC_ALGORITHMS,
-                   help="proposer; nextn and mtp are the same (the checkpoint's MTP layers)")
+                   help="proposer; nextn and mtp are the same (the checkpoint's MTP layers); "
+                        "forced_accept / forced_reject are test proposers (drafts the target "
+                        "always / never accepts)")
     g.add_argument("--speculative-num-steps", type=int, default=3, help="draft tokens per step (k)")
     g.add_argument("--speculative-num-draft-tokens", type=int,
                    help="tokens verified per step (k + 1 for a chain)")

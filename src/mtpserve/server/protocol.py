@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 # Most completions per prompt (OpenAI's limit).
 MAX_N = 128
@@ -45,7 +45,7 @@ class SamplingRequest(_Strict):
     """Fields shared by chat and text completions."""
 
     model: str | None = None
-    n: int = 1
+    n: int | None = 1   # null: 1 (as vLLM)
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
@@ -67,7 +67,12 @@ class SamplingRequest(_Strict):
     include_stop_str_in_output: bool = False
     # vLLM extension: each choice (and each stream chunk) also carries its new token ids, and
     # the response its prompt's (chat: top level; completions: each choice; streams: first)
-    return_token_ids: bool = False
+    return_token_ids: bool | None = False
+
+    @field_validator("n")
+    @classmethod
+    def _n_null_is_one(cls, v: int | None) -> int:
+        return 1 if v is None else v
 
 
 class ChatCompletionRequest(SamplingRequest):

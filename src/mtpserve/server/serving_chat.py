@@ -133,7 +133,7 @@ class ChatServing:
         run = Run(self.engine, self.metrics, fan_out(rid, [ids], [params]), params.n, arrival)
         fmt = _ChatFormat(run, rid, ctx.name, self._strings_for(ctx) if req.logprobs else None,
                           bool(req.stream_options and req.stream_options.include_usage),
-                          req.return_token_ids)
+                          bool(req.return_token_ids))
         if req.stream:
             return StreamingResponse(run.stream(fmt.render, fmt.head(), fmt.tail),
                                      media_type="text/event-stream")

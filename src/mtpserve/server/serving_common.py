@@ -27,7 +27,8 @@ async def parse_body(request: Request, model: type[M]) -> M:
     """Read the body as UTF-8 JSON and validate it against ``model``.
 
     Raises:
-        APIError: 400 for a body that is not UTF-8, not JSON, not an object, or fails validation.
+        APIError: 400 for a body that is not UTF-8, not JSON (also: an integer too long for
+            Python to convert, nesting too deep to decode), not an object, or fails validation.
     """
     raw = await request.body()
     try:
@@ -38,6 +39,11 @@ async def parse_body(request: Request, model: type[M]) -> M:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON: nested too deeply") from None
+    except ValueError as e:   # e.g. an integer of more than sys.get_int_max_str_digits() digits
+        raise bad_request(f"the request body is not valid JSON: {str(e).split(';')[0]}") \
+            from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
     try:

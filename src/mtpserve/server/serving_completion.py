@@ -106,7 +106,7 @@ class CompletionServing:
         strings = self._strings_for(ctx) if req.logprobs is not None else None
         fmt = _CompletionFormat(run, rid, ctx.name, strings, echo,
                                 bool(req.stream_options and req.stream_options.include_usage),
-                                req.return_token_ids)
+                                bool(req.return_token_ids))
         if req.stream:
             return StreamingResponse(run.stream(fmt.render, fmt.head(), fmt.tail),
                                      media_type="text/event-stream")
