@@ -81,6 +81,38 @@ def test_async_runs_no_extra_forward_for_length_limited_requests(smollm2_llm):
     assert sync_calls == calls and calls[1:] == [1, 1, 1, 1]   # the prefill (its uncached part), 4 decodes
 
 
+def test_a_request_ending_by_length_frees_its_slot_for_the_next_step(smollm2_llm):
+    """max_num_seqs = 2, three requests of 3 tokens: the synchronous engine admits the third
+    in the step after the first two finish. Under async scheduling their last tokens are
+    still on the device then, but they end whatever those are: the scheduler retires them and
+    admits the third in the same engine call (before, it waited one more call)."""
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, STORY)
+    p = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    limit, eng.scheduler.max_num_seqs = eng.scheduler.max_num_seqs, 2
+    calls, outs = {}, {}
+    try:
+        for mode in (False, True):
+            eng.async_scheduling = mode
+            for rid in ("a", "b", "c"):
+                eng.add_request(rid, ids[:-1] if rid == "c" else ids, p)
+            n, first = 0, None
+            while eng.has_unfinished_requests():
+                n += 1
+                for o in eng.step():
+                    outs.setdefault((mode, o.request_id), []).extend(o.new_token_ids)
+                if first is None and any(s.request_id == "c" for s in eng.scheduler.running):
+                    first = n
+            calls[mode] = first
+    finally:
+        eng.scheduler.max_num_seqs, eng.async_scheduling = limit, False
+    assert calls[True] == calls[False] == 4   # a prefill, two decodes, then c's prefill
+    assert all(outs[(True, r)] == outs[(False, r)] and len(outs[(True, r)]) == 3
+               for r in "abc")
+    assert eng.block_manager.num_free_blocks == eng.runner.num_blocks
+
+
 def test_async_abort_in_flight_and_drain_for_penalties(smollm2_llm):
     llm = smollm2_llm
     eng, tok = llm.engine, llm.tokenizer

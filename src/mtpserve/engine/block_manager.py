@@ -82,7 +82,8 @@ class BlockManager:
             return
         bs = self.block_size
         known = min(seq.num_computed_tokens, seq.num_tokens - seq.num_pending)
-        for i in range(len(seq.block_hashes), known // bs):
+        # (a sequence retired by the scheduler has given its blocks back: nothing to publish)
+        for i in range(len(seq.block_hashes), min(known // bs, len(seq.block_table))):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
             seq.block_hashes.append(h)

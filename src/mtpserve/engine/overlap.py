@@ -26,14 +26,17 @@ after a prefill chunk), and observes them in one forward before it drafts again
 (spec/mtp_backlog.py). The gate then compares drafting steps against overlapped plain steps,
 which is what the speculation would be competing against. The engine drains the pipeline before
 any other step, so greedy and seeded outputs are identical to synchronous steps, with one
-exception under speculation: a request that finishes on a pending token holds its KV blocks and
-batch slot until the token is read back, so under KV or batch pressure a waiting request may be
-admitted a step later than by the synchronous engine; the drafts then differ, and with them how
-many draws a seeded sampling request makes (greedy outputs never differ). Unseeded sampled rows
-share one generator (engine/sampler.py), so the extra row of a sequence that has in fact
-finished shifts their random stream: their tokens follow the same distribution but differ, as
-they do whenever the batch changes. Full KV blocks are published for prefix caching when a step
-is launched (placeholders excluded), so a request admitted by the next step finds them.
+exception under speculation: a request whose pending token turns out to end it (EOS, a stop
+token or string) holds its KV blocks and batch slot until the token is read back, so under KV or
+batch pressure a waiting request may be admitted a step later than by the synchronous engine;
+the drafts then differ, and with them how many draws a seeded sampling request makes (greedy
+outputs never differ). A request that ends by length whatever its pending tokens are gives its
+blocks and slot back when the next step is scheduled (scheduler.py ``_retire``), as the
+synchronous engine does. Unseeded sampled rows share one generator (engine/sampler.py), so the
+extra row of a sequence that has in fact finished shifts their random stream: their tokens
+follow the same distribution but differ, as they do whenever the batch changes. Full KV blocks
+are published for prefix caching when a step is launched (placeholders excluded), so a request
+admitted by the next step finds them.
 """
 
 from __future__ import annotations

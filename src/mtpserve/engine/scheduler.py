@@ -108,7 +108,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.num_pending and seq.finishes_by_length:   # async scheduling: ends as is
-                i += 1
+                self._retire(seq)
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             reaches_end = seq.num_computed_tokens + n == seq.num_tokens
@@ -119,6 +119,16 @@ class Scheduler:
             budget -= n + len(drafts)
             i += 1
         return budget
+
+    def _retire(self, seq: Sequence) -> None:
+        """Async scheduling: ``seq``'s tokens still on the device reach max_tokens or
+        max_model_len, so it needs no further step. It leaves ``running`` and gives back its
+        blocks and state slot now, as the synchronous engine's would have been given back after
+        that step, so a waiting request is admitted in this very step (the device finishes the
+        step that writes them before any later one reuses them). The engine drops it when the
+        tokens are read back."""
+        self.running.remove(seq)
+        self._release(seq)
 
     def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         while not self.bm.allocate(seq, num_tokens):
