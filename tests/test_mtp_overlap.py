@@ -343,3 +343,31 @@ def test_a_sequence_that_cannot_draft_does_not_stop_the_overlap():
     while eng.has_unfinished_requests():
         eng.step()
     assert counts["overlapped"] >= 8 and not any(d for call in log[3:] for _, d in call)
+
+
+def test_a_request_ending_by_length_leaves_the_shadow_pool_as_in_the_sync_engine():
+    """The synchronous engine never observes a request's last step and frees its MTP shadow
+    when it drops the request, before the next step's observe. Under async scheduling its
+    last step is not admitted to the shadow pool either, and the step that retires it (its
+    pending token ends it by length) releases its MTP state before that step's observe, while
+    its token is still pending: each step's observe finds the shadow pool as the synchronous
+    engine's does."""
+    prompts = held_out_prompts(2, 6)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 12)]
+    seen = {}
+    for overlap in (True, False):
+        llm, log, counts = engine(overlap, (False,))
+        eng, p = llm.engine, llm.engine.proposer
+        name = "observe_launched" if overlap else "observe"
+        inner, trace = getattr(p, name), []
+
+        def traced(*a, inner=inner, trace=trace, p=p):   # the pool as each observe finds it
+            trace.append((sorted(p.states), p.bm.num_free_blocks))
+            return inner(*a)
+
+        setattr(p, name, traced)
+        _generate(llm, prompts, params)
+        seen[overlap] = trace
+        assert not overlap or counts["overlapped"] >= 10
+    assert seen[True] == seen[False] and len(seen[True]) >= 10
+    assert [s for s, _ in seen[True]][-1] == ["gen-1"]   # gen-0 gone before gen-1's last ones

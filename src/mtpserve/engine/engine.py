@@ -211,6 +211,9 @@ class LLMEngine:
         if self.proposer is not None:
             self.proposer.propose(decoding, allowed)
         sched = self.scheduler.schedule()
+        if self.proposer is not None:   # as the synchronous engine's drop after their last step
+            for seq in sched.retired:
+                self.proposer.release(seq)
         if not sched.scheduled:
             return self._resolve() if self._pending is not None else []
         batch, layout = self.runner.prepare(sched)

@@ -40,8 +40,12 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
+    """``scheduled`` this step; ``preempted`` (back to waiting, recomputed later); ``retired``:
+    sequences whose pending tokens end them by length, taken out (Scheduler ``_retire``)."""
+
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    retired: list[Sequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -109,6 +113,7 @@ class Scheduler:
             seq = self.running[i]
             if seq.num_pending and seq.finishes_by_length:   # async scheduling: ends as is
                 self._retire(seq)
+                out.retired.append(seq)
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             reaches_end = seq.num_computed_tokens + n == seq.num_tokens

@@ -135,6 +135,8 @@ class MTPProposer(Proposer):
         blocks: another sequence's state broke for good, so other sequences drafted (and a
         seeded sampling request drew other tokens)."""
         for s in sched.scheduled:
+            if s.seq.finishes_by_length:   # its last step: never observed (as the sync engine)
+                continue
             n = s.num_new_tokens
             st = self._admit(s.seq, s.seq.num_computed_tokens - n, n)
             if st is not None:   # its K/V comes in the catch-up's forward
