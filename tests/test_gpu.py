@@ -222,16 +222,14 @@ def test_mtp_chain_graphs_draft_as_the_step_loop(tmp_path):
     assert len(log) == len(loop_log) and all(rows for _, rows in log)
 
 
-def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
-    """Tiny hybrid (float32) on CUDA, captured graphs: drafting ahead (spec/draft_ahead.py:
-    acceptance on the device, observe over every verified position, the chain's layout picked
-    on the device) proposes, step after step, the drafts of the usual step, and both generate
-    the CPU's plain greedy tokens; sampling requests generate the same tokens both ways."""
+def _tiny_mtp_greedy_case(tmp_path):
+    """A tiny hybrid checkpoint with a random MTP layer under ``tmp_path``, four prompts with
+    greedy params, the engine keywords and the CPU's plain greedy tokens for them:
+    (path, prompts, params, kw, cpu tokens)."""
     import sys
     sys.path.insert(0, "tests")
     from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
     from hybrid_checkpoint import write_checkpoint
-    from test_draft_ahead import engine
 
     from mtpserve import LLM, SamplingParams
 
@@ -243,6 +241,21 @@ def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
     kw = dict(max_model_len=256, num_kv_blocks=64, block_size=16)
     cpu = [r.outputs[0].token_ids for r in LLM(path, device="cpu", dtype="float32", **kw)
            .generate(prompts, params)]
+    return path, prompts, params, kw, cpu
+
+
+def test_mtp_drafts_ahead_with_graphs_as_without(tmp_path):
+    """Tiny hybrid (float32) on CUDA, captured graphs: drafting ahead (spec/draft_ahead.py:
+    acceptance on the device, observe over every verified position, the chain's layout picked
+    on the device) proposes, step after step, the drafts of the usual step, and both generate
+    the CPU's plain greedy tokens; sampling requests generate the same tokens both ways."""
+    import sys
+    sys.path.insert(0, "tests")
+    from test_draft_ahead import engine
+
+    from mtpserve import SamplingParams
+
+    path, prompts, params, kw, cpu = _tiny_mtp_greedy_case(tmp_path)
     logs = {}
     for ahead in (True, False):
         llm, log, counts = engine(path, ahead, device="cuda", **kw)
@@ -272,20 +285,9 @@ def test_mtp_plain_steps_overlap_with_graphs_as_sync_steps(tmp_path):
     step, those of the synchronous engine, and both generate the CPU's greedy tokens."""
     import sys
     sys.path.insert(0, "tests")
-    from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
-    from hybrid_checkpoint import write_checkpoint
     from test_mtp_overlap import engine
 
-    from mtpserve import LLM, SamplingParams
-
-    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
-    path = str(write_checkpoint(tmp_path / "tiny", hf, random_mtp_weights(hf)))
-    prompts = [[5, 9, 33, 2, 71], list(range(2, 40)), [100, 101, 102] * 5, [7] * 3]
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-              for n in (8, 11, 17, 23)]
-    kw = dict(max_model_len=256, num_kv_blocks=64, block_size=16)
-    cpu = [r.outputs[0].token_ids for r in LLM(path, device="cpu", dtype="float32", **kw)
-           .generate(prompts, params)]
+    path, prompts, params, kw, cpu = _tiny_mtp_greedy_case(tmp_path)
     logs = {}
     for overlap in (True, False):
         llm, log, counts = engine(overlap, path=path, device="cuda", **kw)

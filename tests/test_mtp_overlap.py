@@ -12,22 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness_hybrid import one_thread
+from harness_hybrid import one_thread_module  # noqa: F401 (a fixture)
 from mtpserve import LLM, SamplingParams
 from mtpserve.engine.overlap import PendingStep, next_token_ids
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
 from test_async_scheduling import ScriptedGate
+from test_draft_ahead import KW, K
 from trained_hybrid import held_out_prompts, trained_hybrid_dir
 
-K = 3
-KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 def _seq(rid: str, tokens: list[int], computed: int, pending: int = 0) -> Sequence:
