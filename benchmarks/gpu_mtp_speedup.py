@@ -146,8 +146,8 @@ class _Veto:
 def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,
            plain_step: float) -> dict:
     """The MTP engine with drafting vetoed at every step (what it costs when drafts do not
-    pay: under async scheduling its plain steps overlap and the MTP observes each one on the
-    device, spec/mtp.py ``observe_launched``): seconds per token against plain decoding's."""
+    pay: under async scheduling its plain steps overlap and the MTP keeps them in a backlog,
+    spec/mtp_backlog.py): seconds per token against plain decoding's."""
     policy = eng.proposer.policy
     gate, policy.gate = policy.gate, _Veto()
     try:

@@ -340,7 +340,7 @@ class MTPProposer(Proposer):
 
     @torch.inference_mode()
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
-        if all(getattr(self.states.get(seq.request_id), "broken", False) for seq, _ in work):
+        if all(self._never_drafts(seq) for seq, _ in work):
             return   # (an overlapped step's propose: only sequences that never draft again)
         self.catch_up()   # the MTP cache must hold every position before drafting from it
         active = []
@@ -535,9 +535,12 @@ class MTPProposer(Proposer):
     def drafts_nothing(self, seqs: list[Sequence], allowed: bool) -> bool:
         """As Proposer's, leaving out sequences whose MTP state broke: they never draft again
         (else every step the gate allows them would drain the pipeline for nothing)."""
-        return super().drafts_nothing(
-            [s for s in seqs if not getattr(self.states.get(s.request_id), "broken", False)],
-            allowed)
+        return super().drafts_nothing([s for s in seqs if not self._never_drafts(s)], allowed)
+
+    def _never_drafts(self, seq: Sequence) -> bool:
+        """``seq``'s MTP state broke for good (the shadow fell out of step or found no block)."""
+        st = self.states.get(seq.request_id)
+        return st is not None and st.broken
 
     def release(self, seq: Sequence) -> None:
         super().release(seq)

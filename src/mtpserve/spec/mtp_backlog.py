@@ -24,8 +24,8 @@ from mtpserve.engine.sequence import Sequence
 
 @dataclass
 class Run:
-    """One sequence's positions ``start .. start + len(rows) - 1``, kept back to back in the
-    backlog at ``rows`` (indices into :meth:`ObserveBacklog.tensors`)."""
+    """One sequence's positions ``start .. start + len(rows) - 1``, kept in the backlog at
+    ``rows`` (indices into the hidden states and ids :meth:`ObserveBacklog.take` returns)."""
 
     seq: Sequence
     start: int
