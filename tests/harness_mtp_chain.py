@@ -23,6 +23,10 @@ class Budgets:
         i = self.index.setdefault(seq.request_id, len(self.index))
         return (i + self.step) % (self.k + 1)
 
+    def would_draft(self, seq) -> int:
+        """What ``num_drafts`` answers now (DraftLengthPolicy's side-effect-free look)."""
+        return self.num_drafts(seq)
+
     def num_drafts_after(self, seq, num_drafts: int, num_accepted: int) -> int:
         """What ``num_drafts`` answers next step (DraftLengthPolicy's preview)."""
         i = self.index.setdefault(seq.request_id, len(self.index))
