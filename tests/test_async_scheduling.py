@@ -199,6 +199,9 @@ class ScriptedGate:
         self.calls += 1
         return self.pattern[(self.calls - 1) % len(self.pattern)]
 
+    def exploring(self, num_seqs):
+        return False   # drafts priced by the measured times, as a gate that has measured both
+
     def record(self, num_seqs, drafted, tokens, seconds):
         self.records.append((drafted, tokens))
         self.sized.append((num_seqs, drafted, tokens))

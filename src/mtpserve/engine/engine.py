@@ -73,9 +73,9 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self.device = self.runner.device
         self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
+        self.step_timer = StepTimer()   # before the proposer: its policy reads it
         self.proposer = build_proposer(config.speculative, self)
         self.stats_logger = StatsLogger()
-        self.step_timer = StepTimer()
         self.async_scheduling = (self.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._pending: PendingStep | None = None   # async scheduling: the step still running

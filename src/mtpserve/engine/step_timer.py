@@ -9,23 +9,35 @@ slower than none, and pricing per-step host time per token instead (every token 
 step charged a plain step's host time per sequence) kept MTP at batch 1 from ever drafting.
 
 Plain steps (tokens == sequences) teach the time per sequence; steps with drafts teach the time
-per draft token, as what their host time leaves over the sequences' share. Until a step with
-drafts is seen, drafts are taken to cost no host time (the load gate, spec/load_gate.py, vetoes
-drafting where it measures whole steps slower).
+per draft token, as what their host time leaves over the sequences' share. Until a few steps
+with drafts are seen, drafts are taken to cost no host time (the policy adds the proposer's
+modelled cost instead, and the load gate, spec/load_gate.py, vetoes drafting where it measures
+whole steps slower).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 
 class StepTimer:
-    """Exponentially weighted host seconds per sequence and per draft token (0 until
-    measured)."""
+    """Host seconds per sequence and per draft token: the median of the last ``window`` samples
+    of each, 0 until ``min_samples`` are seen.
 
-    def __init__(self, decay: float = 0.9):
-        self.decay = decay
+    A median, not a mean: one step can take 100x the others (a kernel compiled or a cuDNN plan
+    built on first use, a garbage collection, GPU clocks still low), and an estimate that prices
+    drafts out stops the steps that would correct it (H200, the hybrid MoE's MTP engine: its
+    first drafting steps took 50-150 ms, and the per-draft host time learned from them, 30-90
+    ms, priced every later draft out). Steps with drafts are seen again only where the policy
+    drafts; the policy explores on the load gate's probes (spec/policy.py).
+    """
+
+    def __init__(self, window: int = 15, min_samples: int = 3):
+        self.min_samples = min_samples
+        self._samples = {"seq": deque(maxlen=window), "draft": deque(maxlen=window)}
         self.host_per_seq = 0.0
         self.host_per_draft = 0.0
-        self._seen = {"seq": False, "draft": False}
 
     def record(self, num_tokens: int, num_seqs: int, wall: float, device: float | None) -> None:
         """A step of ``num_seqs`` sequences and ``num_tokens`` tokens (the drafts: the rest)
@@ -35,18 +47,23 @@ class StepTimer:
             return
         host = max(0.0, wall - device)
         if num_tokens == num_seqs:
-            self.host_per_seq = self._mix("seq", self.host_per_seq, host / num_seqs)
+            self.host_per_seq = self._add("seq", host / num_seqs)
         else:
             left = max(0.0, host - self.host_per_seq * num_seqs)
-            self.host_per_draft = self._mix("draft", self.host_per_draft,
-                                            left / (num_tokens - num_seqs))
+            self.host_per_draft = self._add("draft", left / (num_tokens - num_seqs))
+
+    @property
+    def drafts_measured(self) -> bool:
+        """Whether enough steps with drafts were timed for ``host_per_draft`` (which then holds
+        the proposer's work) to count."""
+        return len(self._samples["draft"]) >= self.min_samples
 
     def host_seconds(self, num_tokens: int, num_seqs: int) -> float:
         """Predicted host seconds of a step of ``num_seqs`` sequences and ``num_tokens`` tokens."""
         return self.host_per_seq * num_seqs + self.host_per_draft * (num_tokens - num_seqs)
 
-    def _mix(self, key: str, old: float, sample: float) -> float:
-        if not self._seen[key]:
-            self._seen[key] = True
-            return sample
-        return self.decay * old + (1 - self.decay) * sample
+    def _add(self, key: str, sample: float) -> float:
+        """Record ``sample`` under ``key``; return the estimate (0 until ``min_samples``)."""
+        samples = self._samples[key]
+        samples.append(sample)
+        return statistics.median(samples) if len(samples) >= self.min_samples else 0.0

@@ -59,6 +59,13 @@ class LoadGate:
             return b.probe
         return choice
 
+    def exploring(self, num_seqs: int) -> bool:
+        """Whether the step ``allow`` just let draft with ``num_seqs`` sequences is there to
+        measure drafting (the drafting arm not measured yet, or a probe of it): the policy then
+        prices drafts by its model, not by measured times that may have gone stale."""
+        b = self._buckets.get(self.bucket(num_seqs))
+        return b is not None and (b.probe is True or True not in b.rate)
+
     def record(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A decode step of ``num_seqs`` sequences emitted ``tokens`` tokens in ``seconds``
         (whole engine step: drafting, forward, verification, output)."""

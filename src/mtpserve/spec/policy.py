@@ -39,7 +39,9 @@ class DraftLengthPolicy:
         k: most drafts per step. cost_per_draft: alpha + beta above (in decode steps), used when
         nothing is measured; step_cost: ``(tokens, sequences) -> seconds | None`` (measured
         target steps);
-        draft_cost: beta alone (added to the measured ratio).
+        draft_cost: beta alone, added to the measured ratio until ``drafts_measured()`` says
+        the measured steps with drafts include the proposer's time (the step timer times
+        whole steps: adding beta then would count the proposer twice);
         prior: starting acceptance estimate; prior_weight: its weight in trials;
         decay: forgetting factor per verify step; gate: the measured veto by batch size
         (load_gate.py), None for none.
@@ -47,13 +49,16 @@ class DraftLengthPolicy:
 
     def __init__(self, k: int, cost_per_draft: float, prior: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, step_cost=None,
-                 draft_cost: float = 0.0, gate: LoadGate | None = None):
+                 draft_cost: float = 0.0, gate: LoadGate | None = None,
+                 drafts_measured=None):
         self.gate = gate
+        self.drafts_measured = drafts_measured   # () -> bool, or None: never
         self.k, self.cost, self.draft_cost = k, cost_per_draft, draft_cost
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.step_cost = step_cost  # measured seconds of a target step, or None
         self.batch = 1
         self._costs: list[float] | None = None   # this step's C(m), m = 0..k
+        self._exploring = False   # this step measures drafting: priced by the model
         self._est: dict[str, _Estimate] = {}
 
     def set_batch(self, num_seqs: int) -> None:
@@ -62,11 +67,20 @@ class DraftLengthPolicy:
         sequences (per sequence they cost ~2k graph-table look-ups: 2-3 ms of host time per step
         at 64 requests on the H200, which made n-gram speculation 0.6x there without a draft)."""
         self.batch = max(1, num_seqs)
-        self._costs = None
+        self._costs, self._exploring = None, False
 
     def allow_drafts(self) -> bool:
-        """Whether this step (``set_batch`` sequences) may draft at all (the gate's say)."""
-        return self.gate is None or self.gate.allow(self.batch)
+        """Whether this step (``set_batch`` sequences) may draft at all (the gate's say). On
+        a step the gate lets draft to measure drafting (``LoadGate.exploring``), drafts are
+        priced by the model (``cost_per_draft``), not by the measured step times: a measured
+        price that went stale (a slow first step) would else keep every request from drafting,
+        hence from being measured again."""
+        if self.gate is None:
+            return True
+        allowed = self.gate.allow(self.batch)
+        self._exploring = allowed and self.gate.exploring(self.batch)
+        self._costs = None
+        return allowed
 
     def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
         """The outcome of a decode step of ``num_seqs`` sequences (see ``LoadGate.record``).
@@ -78,12 +92,14 @@ class DraftLengthPolicy:
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
         b = self.batch
-        base = self.step_cost(b, b) if self.step_cost is not None else None
+        base = (self.step_cost(b, b) if self.step_cost is not None and not self._exploring
+                else None)
         if base:
             spec = self.step_cost(b * (1 + m), b)
             if not spec:
                 return float("inf")   # past the largest measured step: not worth risking
-            return spec / base + self.draft_cost * m
+            measured = self.drafts_measured is not None and self.drafts_measured()
+            return spec / base + (0.0 if measured else self.draft_cost * m)
         return 1 + self.cost * m
 
     def acceptance(self, seq: Sequence) -> float:
