@@ -296,6 +296,7 @@ def test_shadow_pool_runs_short_where_the_sync_engine_does():
         llm, log, counts = engine(overlap, **kw)
         eng, p = llm.engine, llm.engine.proposer
         p.policy.gate.every = 6
+        p.policy.prior = 0.6   # the drafts, hence the pool's use, this scenario was built on
         broken, brk = [], p._break
 
         def first_break(st, brk=brk, broken=broken):
@@ -365,3 +366,36 @@ def test_a_request_ending_by_length_leaves_the_shadow_pool_as_in_the_sync_engine
         assert not overlap or counts["overlapped"] >= 10
     assert seen[True] == seen[False] and len(seen[True]) >= 10
     assert [s for s, _ in seen[True]][-1] == ["gen-1"]   # gen-0 gone before gen-1's last ones
+
+
+def test_token_buckets_meet_each_power_of_two_with_and_without_a_multiple_of_16():
+    from mtpserve.kernels.compile_ahead import token_buckets
+
+    assert token_buckets(40) == [1, 2, 3, 4, 5, 6, 8, 9, 10, 16, 17, 18, 32, 33, 34]
+    assert token_buckets(1) == [1] and token_buckets(0) == []
+
+
+def test_compiling_the_observe_shapes_ahead_leaves_the_mtp_as_it_was():
+    """The dry observe forwards at start (spec/mtp.py ``compile_observe_shapes``: one per token
+    bucket up to the longest catch-up, for one sequence and for two) take shadow blocks only
+    while they run, and the K/V they wrote is zeroed (on the H200, K/V computed from
+    uninitialised memory made a later draft chain read NaN and draft token 0): the pool and the
+    MTP states are as before, and drafting afterwards accepts what it accepted without them."""
+    from mtpserve.kernels.compile_ahead import token_buckets
+
+    prompts = held_out_prompts(3, 6)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for compile_first in (True, False):
+        llm, log, _ = engine(False, (True,))
+        p = llm.engine.proposer
+        free = p.bm.num_free_blocks
+        if compile_first:
+            cap = min(p.backlog.max_tokens + KW["max_num_seqs"] * (1 + K),
+                      KW["max_model_len"] - 1, free * KW["block_size"] - 2 * KW["block_size"])
+            assert p.compile_observe_shapes() == 2 * len(token_buckets(cap)) - 1
+            assert p.bm.num_free_blocks == free and not p.states
+            assert not p.runner.kv_cache.tensor.any()   # all zeros again (kv_cache.py)
+        runs[compile_first] = (_generate(llm, prompts, params), log,
+                               llm.engine.spec_metrics.num_accepted_tokens)
+    assert runs[True] == runs[False] and runs[True][2] > 0

@@ -65,3 +65,16 @@ def compiling_ahead(threads: int | None = None):
     if queued:
         logger.info("compiled %d Triton kernels on %d threads in %.1f s", queued, workers,
                     time.perf_counter() - t0)
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Token counts whose forwards meet the Triton specializations of every count from 1 to
+    ``max_tokens``: the kernels' constexprs follow powers of two of the count (tiles, rows per
+    program) and Triton specializes integer arguments that are 1 or multiples of 16, so per
+    power of two p: p (a multiple of 16 from 16 on) and p + 1 (not one), p + 2 (even, not a
+    multiple of 16). Sorted, each at most ``max_tokens``."""
+    sizes, p = set(), 1
+    while p <= max_tokens:
+        sizes.update(n for n in (p, p + 1, p + 2) if n <= max_tokens)
+        p *= 2
+    return sorted(sizes)

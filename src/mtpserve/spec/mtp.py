@@ -38,6 +38,7 @@ from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
+from mtpserve.kernels.compile_ahead import compiling_ahead, token_buckets
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
 from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decodes, goes_ahead,
@@ -504,6 +505,54 @@ class MTPProposer(Proposer):
                              -(-r.max_model_len // r.block_size), self.k)
         graphs.capture()
         self.chain.graphs = graphs
+        self.compile_observe_shapes()
+
+    @torch.inference_mode()
+    def compile_observe_shapes(self) -> int:
+        """Compile ahead (kernels/compile_ahead.py) the Triton kernels of the eager observe
+        forward at every token bucket up to the longest catch-up (mtp_backlog.py: a backlog of
+        up to ``max_num_batched_tokens`` positions, plus one step), for one sequence and split
+        over two. A catch-up observes a backlog of any length, and each specialization compiled
+        at its first use stalled that step by up to 1.7 s on the H200
+        (benchmarks/gpu_mtp_catchup.py; after this, 5-6 ms for 64-191 positions). Returns the dry forwards run (0: this Triton cannot
+        compile ahead, or no KV block is free)."""
+        bs = self.bm.block_size
+        cap = min(self.backlog.max_tokens + self.runner.config.max_num_seqs * (1 + self.k),
+                  self.runner.max_model_len - 1, self.bm.num_free_blocks * bs - 2 * bs)
+        if cap < 1:
+            return 0
+        seqs = [Sequence(f"__compile_{i}__", [0] * cap, SamplingParams(), (),
+                         self.runner.max_model_len, None, None) for i in range(2)]
+        runs = 0
+        with compiling_ahead() as ahead:
+            if not ahead:
+                return 0
+            for seq in seqs:
+                self.bm.allocate(seq, cap)
+            try:
+                for n in token_buckets(cap):
+                    for parts in ([n], [n // 2, n - n // 2] if n > 1 else []):
+                        if parts:
+                            self._dry_observe(seqs, parts)
+                            runs += 1
+            finally:
+                for seq in seqs:
+                    self.bm.free_seq(seq)
+        # the dry forwards wrote K/V computed from uninitialised memory: the pool must be all
+        # zeros again (kv_cache.py: padded rows read it, and 0 * NaN would poison them)
+        self.runner.kv_cache.tensor.zero_()
+        return runs
+
+    def _dry_observe(self, seqs: list[Sequence], parts: list[int]) -> None:
+        """One observe forward of ``parts[i]`` positions of ``seqs[i]`` from position 0, on zero
+        hidden states and ids (a dry run under compiling_ahead: its KV lands in blocks that are
+        given back)."""
+        sched = SchedulerOutput([ScheduledSeq(s, n, []) for s, n in zip(seqs, parts)])
+        n = sum(parts)
+        hidden = torch.zeros(n, self.target.config.hidden_size, device=self.runner.device,
+                             dtype=self.runner.dtype)
+        self._forward(sched, hidden, input_ids=torch.zeros(n, dtype=torch.int64,
+                                                           device=self.runner.device))
 
     def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0,
                  input_ids: torch.Tensor | None = None):
