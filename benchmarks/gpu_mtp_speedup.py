@@ -48,14 +48,15 @@ def build(shape: str, device: str, spec: SpeculativeConfig | None) -> LLMEngine:
 
 class Run(NamedTuple):
     """One request's tokens, median seconds per decode step, mean tokens per decode step, each
-    token's top-1 minus top-2 logprob in nats (with ``logprobs``, else empty), and all decode
-    steps' seconds over their tokens."""
+    token's top-1 minus top-2 logprob in nats (with ``logprobs``, else empty), all decode
+    steps' seconds over their tokens, and each decode step's seconds."""
 
     tokens: list[int]
     step: float
     per_step: float
     margins: list[float]
     total_per_token: float
+    times: list[float]
 
 
 def run(eng: LLMEngine, new: int, logprobs: int | None = None) -> Run:
@@ -76,7 +77,22 @@ def run(eng: LLMEngine, new: int, logprobs: int | None = None) -> Run:
             times.append(time.perf_counter() - t)
             emitted.append(n)
     return Run(tokens, statistics.median(times), statistics.mean(emitted), margins,
-               sum(times) / sum(emitted))
+               sum(times) / sum(emitted), times)
+
+
+def policy_state(eng: LLMEngine, r: Run) -> dict:
+    """What the adaptive policy saw after ``r``: its price C(m) of m drafts at batch 1 (decode
+    steps), the step timer's host seconds, the gate's tokens/s per arm at batch 1, and the
+    run's slowest and first decode steps (ms): where a draft got priced out."""
+    policy, timer = eng.proposer.policy, eng.step_timer
+    policy.set_batch(1)
+    costs = [policy._relative_cost(m) for m in range(1, policy.k + 1)]
+    gate = policy.gate.rates(1) if policy.gate is not None else None
+    return dict(costs=costs, host_per_seq_ms=timer.host_per_seq * 1e3,
+                host_per_draft_ms=timer.host_per_draft * 1e3,
+                drafts_measured=timer.drafts_measured, gate_tok_s=gate,
+                slowest_ms=sorted((t * 1e3 for t in r.times), reverse=True)[:3],
+                first_ms=[t * 1e3 for t in r.times[:4]])
 
 
 def force_acceptance(eng: LLMEngine, reference: list[int], accept: int) -> None:
@@ -139,6 +155,9 @@ class _Veto:
     def allow(self, num_seqs: int) -> bool:
         return False
 
+    def exploring(self, num_seqs: int) -> bool:
+        return False
+
     def record(self, *args) -> None:
         pass
 
@@ -162,6 +181,56 @@ def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,
     return row
 
 
+class _Every:
+    """A load gate that lets every ``n``-th step draft (the others stay plain and overlap)."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def allow(self, num_seqs: int) -> bool:
+        self.calls += 1
+        return self.calls % self.n == 0
+
+    def exploring(self, num_seqs: int) -> bool:
+        return False
+
+    def record(self, *args) -> None:
+        pass
+
+
+def profile_drafting(eng: LLMEngine, new: int, path: str, every: int = 8) -> None:
+    """One request where every ``every``-th step drafts (the MTP catches up on the steps before
+    it), under cProfile and then torch.profiler: where a drafting step's time goes. Writes the
+    30 costliest calls (cumulative) and the 30 costliest ops by device time to ``path``."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    policy = eng.proposer.policy
+    gate, policy.gate = policy.gate, _Every(every)
+    prior, policy.prior = policy.prior, 0.99
+    try:
+        prof = cProfile.Profile()
+        r = prof.runcall(run, eng, new)
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(30)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+            run(eng, new)
+    finally:
+        policy.gate, policy.prior = gate, prior
+    slow = sorted(r.times, reverse=True)[:6]
+    with open(path, "w") as f:
+        f.write(f"steps ms (slowest 6): {[round(t * 1e3, 2) for t in slow]}\n")
+        f.write(f"all steps ms: {[round(t * 1e3, 2) for t in r.times]}\n\n")
+        f.write(text.getvalue())
+        f.write(tp.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+        f.write(tp.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+    print(f"  drafting every {every} steps: slowest steps {[round(t * 1e3, 2) for t in slow]} ms;"
+          f" profile in {path}", flush=True)
+
+
 def divergence(plain: list[int], tokens: list[int], margins: list[float]) -> dict:
     """Where ``tokens`` first leaves plain decoding's ``plain``, with plain decoding's top-1 minus
     top-2 logprob there (nats): a near tie, or a bug when the margin is large."""
@@ -183,7 +252,14 @@ def main() -> None:
                     help="the adaptive draft-length policy on (the server's default): where "
                          "drafts do not pay it drafts fewer or none")
     ap.add_argument("--json")
+    ap.add_argument("--log-compiles", help="append each Triton compile to this file")
+    ap.add_argument("--profile", help="with --adaptive: profile a request that drafts every 8th "
+                                      "step, write the tables here")
     a = ap.parse_args()
+    if a.log_compiles:
+        from triton_compile_log import log_compiles
+
+        log_compiles(a.log_compiles)
     plain = build(a.shape, a.device, None)
     plain.warmup()
     reference, plain_step = run(plain, a.new)[:2]
@@ -201,12 +277,18 @@ def main() -> None:
         per_token = r.total_per_token if a.adaptive else step / per_step
         row = dict(step_ms=step * 1e3, tokens_per_step=per_step, ms_per_token=per_token * 1e3,
                    speedup=plain_step / per_token, **divergence(reference, tokens, margins))
+        if a.adaptive:
+            row["policy"] = policy_state(eng, r)
         rows["accepted"][accept] = row
         print(f"  {accept} of {a.k} accepted: {step * 1e3:.3f} ms/step, {per_step:.2f} "
               f"tokens/step, {per_token * 1e3:.3f} ms/token, {plain_step / per_token:.2f}x "
               f"plain; {row['note']}", flush=True)
+        if a.adaptive:
+            print(f"    policy: {row['policy']}", flush=True)
     if a.adaptive:
         rows["gate_vetoes"] = vetoed(eng, reference, margins, a.new, plain_step)
+        if a.profile:
+            profile_drafting(eng, a.new, a.profile)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

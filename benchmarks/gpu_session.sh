@@ -7,7 +7,8 @@
 #   or, in place of run: hybrid [pytest -k expr] (tests, hybrid MTP with FR-Spec, dense shapes);
 #   ready (no model needed: `mtpserve serve` time to /health 200, fresh and warm Triton cache,
 #   server logs and an in-process engine profile); mtp (no model needed: MTP / hybrid tests and
-#   benchmarks, about 8 minutes).
+#   benchmarks, about 8 minutes); overlap (no model needed: the async-MTP GPU tests, MTP speedup
+#   by acceptance with the vetoed row, `mtpserve bench --compare` on the hybrid MTP shape).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -46,5 +47,17 @@ mtp)      # no model needed: MTP / hybrid GPU tests, the hybrid benchmark, its s
   mkdir -p "$OUT/trace"
   timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -2
   timeout 120 python3 benchmarks/gpu_moe.py --json "$OUT/moe.json" > "$OUT/moe.log" 2>&1; tail -4 "$OUT/moe.log"
+  ;;
+overlap)  # no model needed, about 8 minutes
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "overlap or drafts_ahead or chain_graph or hybrid_model_on_cuda" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 120 python3 benchmarks/gpu_mtp_catchup.py --json "$OUT/catchup.json" 2>&1 | grep -v "it/s" | tee "$OUT/catchup.log" | tail -10
+  timeout 150 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" \
+    --profile "$OUT/drafting-profile.txt" 2>&1 | grep -v "it/s" | tee "$OUT/adaptive.log" | tail -8
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  timeout 230 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --concurrency 1,16,64 --num-prompts 64 \
+    --endpoint completions --output-len 128 --no-progress --output-dir "$OUT/bench" -- --dtype bfloat16 --speculative-algorithm nextn \
+    --speculative-num-steps 3 2>&1 | tee "$OUT/bench.log" | tail -14
+  timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
+    --json "$OUT/ready-hybrid-mtp.json" --log-dir "$OUT/logs-ready" --extra --speculative-algorithm nextn 2>&1 | tail -2
   ;;
 esac
