@@ -12,6 +12,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# SDPA backends on CUDA: not cuDNN, which builds an execution plan for each new shape (query
+# and context lengths): the MTP's catch-up forward of a new length stalled 40-100 ms on the H200
+# (benchmarks/gpu_mtp_catchup.py --profile-slow: all of it in scaled_dot_product_attention, a
+# few ms the second time). The memory-efficient kernel takes the float mask; it gets K/V with
+# their heads repeated for GQA, which it may not take as ``enable_gqa``.
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # Sequences with at most this many query tokens share one padded attention call.
 SMALL_QUERY = 16
@@ -144,8 +152,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         qp = qg.view(g.batch, g.max_q, Hq, D).transpose(1, 2)
         k = k_cache[g.kv_index].transpose(1, 2).to(q.dtype)
         v = v_cache[g.kv_index].transpose(1, 2).to(q.dtype)
-        o = F.scaled_dot_product_attention(qp, k, v, attn_mask=g.mask, scale=scale,
-                                           enable_gqa=Hq != k.shape[1])
+        o = _sdpa(qp, k, v, g.mask, scale)
         o = o.transpose(1, 2).reshape(g.batch * g.max_q, Hq, D)
         if g.pad_index is not None:
             o = o[g.pad_index]
@@ -153,6 +160,21 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             return o
         out[g.token_index] = o
     return out
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          scale: float) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of q [B, Hq, Q, D] over k, v [B, Hkv, C, D] (GQA when
+    Hq > Hkv); on CUDA through ``CUDA_SDPA_BACKENDS`` only."""
+    gqa = q.shape[1] != k.shape[1]
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=gqa)
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    with sdpa_kernel(CUDA_SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def per_token_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
