@@ -399,3 +399,23 @@ def test_compiling_the_observe_shapes_ahead_leaves_the_mtp_as_it_was():
         runs[compile_first] = (_generate(llm, prompts, params), log,
                                llm.engine.spec_metrics.num_accepted_tokens)
     assert runs[True] == runs[False] and runs[True][2] > 0
+
+
+def test_a_vetoed_request_is_caught_up_every_16_steps():
+    """With every step vetoed, the MTP observes the backlog when it holds 16 steps
+    (``SMALL_QUERY``: each sequence's run then stays on the per-token attention, which a graph
+    can replay on CUDA): a 6-token prompt and 40 tokens are 40 launched steps, observed in two
+    forwards of 6 + 15 and 16 positions; the last 8 are never observed (the request ended)."""
+    llm, log, counts = engine(True, (False,))
+    p = llm.engine.proposer
+    sizes, forward = [], p._observe_forward
+
+    def sized(obs, *a):
+        sizes.append([s.num_new_tokens for s in obs.scheduled])
+        return forward(obs, *a)
+
+    p._observe_forward = sized
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    _generate(llm, held_out_prompts(1, 6), params)
+    assert counts["overlapped"] == counts["observed"] == 40 and log == []
+    assert sizes == [[21], [16]]
