@@ -38,7 +38,7 @@ from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.sampler import Sampler, SamplingRow, make_generator
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
-from mtpserve.kernels.compile_ahead import compiling_ahead, token_buckets
+from mtpserve.kernels.compile_ahead import compiling_ahead
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
 from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decodes, goes_ahead,
@@ -47,6 +47,7 @@ from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decod
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_backlog import ObserveBacklog
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
+from mtpserve.spec.mtp_compile import observe_layouts
 from mtpserve.spec.pending_drafts import PendingDrafts
 from mtpserve.spec.proposer import Proposer
 from mtpserve.spec.sampled_ahead import sample_targets
@@ -510,38 +511,37 @@ class MTPProposer(Proposer):
     @torch.inference_mode()
     def compile_observe_shapes(self) -> int:
         """Compile ahead (kernels/compile_ahead.py) the Triton kernels of the eager observe
-        forward at every token bucket up to the longest catch-up (mtp_backlog.py: a backlog of
-        up to ``max_num_batched_tokens`` positions, plus one step), for one sequence and split
-        over two. A catch-up observes a backlog of any length, and each specialization compiled
-        at its first use stalled that step by up to 1.7 s on the H200
-        (benchmarks/gpu_mtp_catchup.py; after this, 5-6 ms for 64-191 positions). Returns the dry forwards run (0: this Triton cannot
-        compile ahead, or no KV block is free)."""
-        bs = self.bm.block_size
-        cap = min(self.backlog.max_tokens + self.runner.config.max_num_seqs * (1 + self.k),
-                  self.runner.max_model_len - 1, self.bm.num_free_blocks * bs - 2 * bs)
-        if cap < 1:
+        forward in the layouts of mtp_compile.py, up to the longest catch-up (a backlog of up
+        to ``max_num_batched_tokens`` positions plus one step of as many), as far as the free
+        shadow blocks hold dummy sequences. A catch-up observes a backlog of any length, and
+        each specialization compiled at its first use stalled that step by up to 1.7 s on the
+        H200 (benchmarks/gpu_mtp_catchup.py). Returns the dry forwards run (0: this Triton
+        cannot compile ahead, or no block is free)."""
+        free, bs, cfg = self.bm.num_free_blocks, self.bm.block_size, self.runner.config
+        per_seq = min(self.runner.max_model_len - 1, free * bs)
+        max_seqs = min(cfg.max_num_seqs, free // max(1, -(-per_seq // bs)))
+        longest = min(self.backlog.max_tokens + cfg.max_num_batched_tokens, per_seq * max_seqs)
+        layouts = observe_layouts(longest, per_seq, max_seqs)
+        if not layouts:
             return 0
-        seqs = [Sequence(f"__compile_{i}__", [0] * cap, SamplingParams(), (),
-                         self.runner.max_model_len, None, None) for i in range(2)]
-        runs = 0
+        seqs = [Sequence(f"__compile_{i}__", [0] * per_seq, SamplingParams(), (),
+                         self.runner.max_model_len, None, None)
+                for i in range(max(len(parts) for parts in layouts))]
         with compiling_ahead() as ahead:
             if not ahead:
                 return 0
-            for seq in seqs:
-                self.bm.allocate(seq, cap)
             try:
-                for n in token_buckets(cap):
-                    for parts in ([n], [n // 2, n - n // 2] if n > 1 else []):
-                        if parts:
-                            self._dry_observe(seqs, parts)
-                            runs += 1
+                if not all(self.bm.allocate(seq, per_seq) for seq in seqs):
+                    return 0
+                for parts in layouts:
+                    self._dry_observe(seqs, parts)
             finally:
                 for seq in seqs:
                     self.bm.free_seq(seq)
         # the dry forwards wrote K/V computed from uninitialised memory: the pool must be all
         # zeros again (kv_cache.py: padded rows read it, and 0 * NaN would poison them)
         self.runner.kv_cache.tensor.zero_()
-        return runs
+        return len(layouts)
 
     def _dry_observe(self, seqs: list[Sequence], parts: list[int]) -> None:
         """One observe forward of ``parts[i]`` positions of ``seqs[i]`` from position 0, on zero

@@ -39,9 +39,10 @@ class ObserveBacklog:
     Args:
         max_tokens: positions held before the proposer must catch up (a prefill chunk alone
             may reach it); max_steps: steps held before it must. Default ``SMALL_QUERY`` (16):
-            a catch-up of at most that many positions per sequence runs the per-token Triton
-            attention and, within the graph token limit, replays a captured MTP graph; longer
-            runs take the eager SDPA path. On the H200 (hybrid MoE, batch 1,
+            decode steps then leave each sequence a run of at most 16 positions, which the
+            catch-up attends with the per-token Triton kernel and, within the graph token
+            limit, replays from a captured MTP graph; a longer run (a prefill chunk in the
+            backlog) takes the eager SDPA path. On the H200 (hybrid MoE, batch 1,
             benchmarks/gpu_mtp_catchup.py) a catch-up of 7-15 positions took 0.55-0.8 ms, one of
             31-191 positions 3-6 ms: with 64 steps the drafting step after a run of plain steps
             cost 9-12 ms, and measured so, drafting never looked worth it.
