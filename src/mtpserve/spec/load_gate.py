@@ -73,12 +73,16 @@ class LoadGate:
             return
         b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
         n = b.count[drafted] = b.count.get(drafted, 0) + 1
-        probe, b.probe = b.probe, None
         # a plain mean over the first steps (one slow first step must not decide for long), then
         # exponential forgetting; a probe's step replaces its arm's figure, which is stale by
         # then (the requests and their acceptance may have changed since: blended in, one probe
-        # in 32 took ~100 steps to lift a veto learned from a request that accepted nothing)
-        w = 1.0 if probe == drafted else max(1.0 / n, 1.0 - self.decay)
+        # in 32 took ~100 steps to lift a veto learned from a request that accepted nothing).
+        # Only a step of the probed arm takes the mark: under async scheduling the plain step
+        # still in flight is recorded first, when the drafting probe drains it.
+        probe = b.probe == drafted
+        if probe:
+            b.probe = None
+        w = 1.0 if probe else max(1.0 / n, 1.0 - self.decay)
         old = b.rate.get(drafted, 0.0)
         b.rate[drafted] = old + w * (tokens / seconds - old)
 
