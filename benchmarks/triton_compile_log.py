@@ -1,6 +1,8 @@
-"""Log each Triton compile of this process (kernel, whether compiled ahead, seconds, its
+"""Log each Triton compile of this process (kernel, whether compiled ahead, milliseconds, its
 specialization) to a file: which kernels a step compiled at first use, and for which shapes.
-Wraps ``JITFunction._do_compile`` (Triton >= 3.3); does nothing where that is missing.
+Wraps ``JITFunction._do_compile`` (Triton >= 3.3); does nothing where that is missing. For a
+compile ahead (kernels/compile_ahead.py) the time is only its hand-off to Triton's thread pool;
+a compile at use is timed whole.
 
     from triton_compile_log import log_compiles
     log_compiles("compiles.txt")

@@ -78,7 +78,8 @@ class DraftLengthPolicy:
         if self.gate is None:
             return True
         allowed = self.gate.allow(self.batch)
-        self._exploring = allowed and self.gate.exploring(self.batch)
+        exploring = getattr(self.gate, "exploring", None)   # (a gate of one's own may lack it)
+        self._exploring = allowed and exploring is not None and exploring(self.batch)
         self._costs = None
         return allowed
 
