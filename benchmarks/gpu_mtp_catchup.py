@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
-import pstats
 import statistics
 import time
 
 import torch
 
-from gpu_mtp_speedup import PROMPT, _Every, build
+from gpu_mtp_speedup import PROMPT, _Every, build, profile_text
 from mtpserve.config import SpeculativeConfig
 from mtpserve.sampling_params import SamplingParams
 
@@ -55,7 +53,7 @@ def one_request(eng, every: int, new: int) -> dict:
         while eng.has_unfinished_requests():
             decoding = not eng.scheduler.waiting and not any(s.in_prefill
                                                              for s in eng.scheduler.running)
-            drafts = p.policy.gate.calls % every == every - 1   # the next allow() says yes
+            drafts = p.policy.gate.allows_next()
             prof = cProfile.Profile() if SLOW_STEPS is not None else None
             t = time.perf_counter()
             if prof is not None:
@@ -64,10 +62,8 @@ def one_request(eng, every: int, new: int) -> dict:
                 eng.step()
             ms = (time.perf_counter() - t) * 1e3
             if prof is not None and ms > 20 and len(SLOW_STEPS) < 4:
-                text = io.StringIO()
-                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
                 SLOW_STEPS.append(f"== every {every}, step of {ms:.1f} ms "
-                                  f"(drafting: {drafts})\n{text.getvalue()}")
+                                  f"(drafting: {drafts})\n{profile_text(prof, 25)}")
             if decoding:
                 (drafting if drafts else plain).append(ms)
     finally:

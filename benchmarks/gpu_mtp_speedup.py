@@ -21,7 +21,9 @@ decoding's top-2 margin there, and the forcing follows the MTP engine's own outp
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import pstats
 import statistics
 import time
 from typing import NamedTuple
@@ -149,26 +151,13 @@ def fresh_gate(eng: LLMEngine) -> None:
         policy.gate = LoadGate(policy.gate.probe_every, policy.gate.decay)
 
 
-class _Veto:
-    """A load gate that vetoes drafting at every step."""
-
-    def allow(self, num_seqs: int) -> bool:
-        return False
-
-    def exploring(self, num_seqs: int) -> bool:
-        return False
-
-    def record(self, *args) -> None:
-        pass
-
-
 def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,
            plain_step: float) -> dict:
     """The MTP engine with drafting vetoed at every step (what it costs when drafts do not
     pay: under async scheduling its plain steps overlap and the MTP keeps them in a backlog,
     spec/mtp_backlog.py): seconds per token against plain decoding's."""
     policy = eng.proposer.policy
-    gate, policy.gate = policy.gate, _Veto()
+    gate, policy.gate = policy.gate, _Every(None)
     try:
         r = run(eng, new)
     finally:
@@ -182,20 +171,30 @@ def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,
 
 
 class _Every:
-    """A load gate that lets every ``n``-th step draft (the others stay plain and overlap)."""
+    """A load gate that lets every ``n``-th step draft (the others stay plain and overlap);
+    ``n`` None: none."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int | None):
         self.n, self.calls = n, 0
 
-    def allow(self, num_seqs: int) -> bool:
-        self.calls += 1
-        return self.calls % self.n == 0
+    def allows_next(self) -> bool:
+        """What the next :meth:`allow` will answer."""
+        return self.n is not None and (self.calls + 1) % self.n == 0
 
-    def exploring(self, num_seqs: int) -> bool:
-        return False
+    def allow(self, num_seqs: int) -> bool:
+        allowed = self.allows_next()
+        self.calls += 1
+        return allowed
 
     def record(self, *args) -> None:
         pass
+
+
+def profile_text(prof, limit: int) -> str:
+    """The ``limit`` costliest calls (cumulative) of the cProfile ``prof``."""
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(limit)
+    return text.getvalue()
 
 
 def profile_drafting(eng: LLMEngine, new: int, path: str, every: int = 8) -> None:
@@ -203,8 +202,6 @@ def profile_drafting(eng: LLMEngine, new: int, path: str, every: int = 8) -> Non
     it), under cProfile and then torch.profiler: where a drafting step's time goes. Writes the
     30 costliest calls (cumulative) and the 30 costliest ops by device time to ``path``."""
     import cProfile
-    import io
-    import pstats
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -214,8 +211,6 @@ def profile_drafting(eng: LLMEngine, new: int, path: str, every: int = 8) -> Non
     try:
         prof = cProfile.Profile()
         r = prof.runcall(run, eng, new)
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(30)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
             run(eng, new)
     finally:
@@ -224,7 +219,7 @@ def profile_drafting(eng: LLMEngine, new: int, path: str, every: int = 8) -> Non
     with open(path, "w") as f:
         f.write(f"steps ms (slowest 6): {[round(t * 1e3, 2) for t in slow]}\n")
         f.write(f"all steps ms: {[round(t * 1e3, 2) for t in r.times]}\n\n")
-        f.write(text.getvalue())
+        f.write(profile_text(prof, 30))
         f.write(tp.key_averages().table(sort_by="cuda_time_total", row_limit=30))
         f.write(tp.key_averages().table(sort_by="cpu_time_total", row_limit=30))
     print(f"  drafting every {every} steps: slowest steps {[round(t * 1e3, 2) for t in slow]} ms;"
