@@ -8,7 +8,8 @@
 #   ready (no model needed: `mtpserve serve` time to /health 200, fresh and warm Triton cache,
 #   server logs and an in-process engine profile); mtp (no model needed: MTP / hybrid tests and
 #   benchmarks, about 8 minutes); overlap (no model needed: the async-MTP GPU tests, MTP speedup
-#   by acceptance with the vetoed row, `mtpserve bench --compare` on the hybrid MTP shape).
+#   by acceptance with the vetoed row, `mtpserve bench --compare` on the hybrid MTP shape); load
+#   (no model needed: the adaptive MTP engine at batch 1 and under load, time to ready with MTP).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -59,5 +60,15 @@ overlap)  # no model needed, about 8 minutes
     --speculative-num-steps 3 2>&1 | tee "$OUT/bench.log" | tail -14
   timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
     --json "$OUT/ready-hybrid-mtp.json" --log-dir "$OUT/logs-ready" --extra --speculative-algorithm nextn 2>&1 | tail -2
+  ;;
+load)     # no model needed, about 4 minutes: the adaptive MTP engine at batch 1, and under load
+  timeout 150 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
+    | grep -v "it/s" | tee "$OUT/adaptive.log" | tail -8
+  timeout 240 python3 benchmarks/gpu_mtp_load.py --json "$OUT/load.json" --log-compiles "$OUT/compiles.txt" \
+    2>&1 | grep -v "it/s" | tee "$OUT/load.log" | tail -6
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
+    --json /tmp/logs-ready/ready-hybrid-mtp.json --log-dir /tmp/logs-ready --extra --speculative-algorithm nextn 2>&1 | tail -2
+  tar czf "$OUT/logs-ready.tgz" -C /tmp logs-ready   # $OUT brings back few files: one archive
   ;;
 esac

@@ -136,6 +136,23 @@ def test_one_slow_first_drafting_step_does_not_price_drafts_out():
     assert t.host_per_draft == pytest.approx((0.5 - 0.00173) / 3)
 
 
+def test_the_first_drafting_step_after_plain_steps_is_not_a_price_per_draft():
+    """A drafting step right after plain steps first catches the proposer up and drafts from
+    scratch (H200, hybrid MoE MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step
+    that follows another and 1.26 ms for a plain step): the timer learns the per-draft time
+    from drafting steps that follow drafting steps only."""
+    from mtpserve.engine.step_timer import StepTimer
+
+    t = StepTimer(min_samples=1)
+    t.record(4, 1, 5.5e-3, 1.73e-3, after_plain=True)    # the switch: not learned
+    assert t.host_per_draft == 0.0 and not t.drafts_measured
+    t.record(4, 1, 2.66e-3, 1.73e-3, after_plain=False)  # drafting after drafting
+    assert t.drafts_measured
+    assert t.host_per_draft == pytest.approx(0.93e-3 / 3)
+    t.record(1, 1, 1.5e-3, 1.26e-3, after_plain=True)    # plain steps learn either way
+    assert t.host_per_seq == pytest.approx(0.24e-3)
+
+
 def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
     from mtpserve.spec.load_gate import LoadGate
 

@@ -80,6 +80,7 @@ class LLMEngine:
                                  else config.async_scheduling)
         self._pending: PendingStep | None = None   # async scheduling: the step still running
         self._done_at = 0.0     # perf_counter seconds when the last step's tokens were appended
+        self._drafted = False   # whether the last step verified drafts (the step timer's switch)
         if not config.enforce_eager:
             self.runner.capture_cuda_graphs()
             if hasattr(self.proposer, "capture_cuda_graphs"):
@@ -184,7 +185,8 @@ class LLMEngine:
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, batch.num_seqs, time.perf_counter() - t0,
-                                   graphs.step_cost(batch.num_tokens))
+                                   graphs.step_cost(batch.num_tokens), after_plain=not self._drafted)
+        self._drafted = items is not None
         return outputs
 
     # ---- async scheduling (engine/overlap.py) ---------------------------------------------------
@@ -206,6 +208,7 @@ class LLMEngine:
         ``t0``: when this call began (perf_counter seconds); ``decoding``, ``allowed``: the
         sequences past prefill and the gate's say, for the proposer's propose (which drafts
         nothing here: ``_can_overlap``; the policy still counts the step)."""
+        self._drafted = False
         for seq in self.scheduler.running:   # drafts a budget-limited step left unscheduled
             seq.draft_token_ids, seq.draft_probs = [], None
         if self.proposer is not None:

@@ -13,6 +13,14 @@ per draft token, as what their host time leaves over the sequences' share. Until
 with drafts are seen, drafts are taken to cost no host time (the policy adds the proposer's
 modelled cost instead, and the load gate, spec/load_gate.py, vetoes drafting where it measures
 whole steps slower).
+
+The first step with drafts after steps without teaches nothing: the proposer first catches up on
+the plain steps (an MTP observes its backlog, spec/mtp_backlog.py; a draft model runs the tokens
+it missed) and drafts from scratch, where a drafting step that follows another finds its drafts
+made ahead (spec/draft_ahead.py). That switch is a one-off cost of the drafting arm, which the
+load gate measures whole; priced per draft it made each draft cost 3x what it does (H200, hybrid
+MoE MTP at batch 1: switch steps 5.3-5.8 ms, drafting steps that follow one another ~2.7 ms,
+plain steps 1.26 ms), and drafts that accept every token were priced out.
 """
 
 from __future__ import annotations
@@ -39,11 +47,15 @@ class StepTimer:
         self.host_per_seq = 0.0
         self.host_per_draft = 0.0
 
-    def record(self, num_tokens: int, num_seqs: int, wall: float, device: float | None) -> None:
+    def record(self, num_tokens: int, num_seqs: int, wall: float, device: float | None,
+               after_plain: bool = False) -> None:
         """A step of ``num_seqs`` sequences and ``num_tokens`` tokens (the drafts: the rest)
         took ``wall`` seconds, ``device`` of them on the device (None: unknown, nothing
-        learned)."""
+        learned). ``after_plain``: the step before it verified no drafts (a step with drafts
+        is then a switch, not learned from: see the module doc)."""
         if device is None or num_seqs <= 0 or num_tokens < num_seqs:
+            return
+        if after_plain and num_tokens > num_seqs:
             return
         host = max(0.0, wall - device)
         if num_tokens == num_seqs:

@@ -1,0 +1,155 @@
+"""An MTP engine whose drafts are never accepted (random weights), under load: where its steps go.
+
+``mtpserve bench --compare`` of the hybrid MoE MTP shape on the H200 (session 11) gave 0.46x
+total tok/s at 64 concurrent requests with an acceptance length of 1.000. This runs the same
+load in process: per concurrency n, n greedy requests of distinct 128-token prompts and
+``--new`` tokens each, added at once, twice (``cold``: the first time this engine sees the
+load, as a fresh server does; ``warm``: again), for a plain engine and for the MTP engine with
+the adaptive policy. Per pass: total tok/s, the steps by kind (overlapped plain, synchronous
+with drafts, synchronous without) with count, median and slowest ms; for the MTP engine also
+the sequences per drafting step, the catch-up forwards (count, positions) and the gate's
+tokens/s per arm and batch bucket. ``--log-compiles F``: each Triton compile, with the pass it
+happened in.
+
+    python benchmarks/gpu_mtp_load.py [--shape qwen3-next-3b] [--concurrency 1 16 64] [--json F]
+    python benchmarks/gpu_mtp_load.py --shape tiny-qwen3-next --device cpu --new 8  # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+
+from mtpserve.bench.random_model import random_model_files
+from mtpserve.config import EngineConfig, SpeculativeConfig
+from mtpserve.engine.engine import LLMEngine
+from mtpserve.sampling_params import SamplingParams
+
+
+def build(shape: str, device: str, spec: SpeculativeConfig | None, seqs: int) -> LLMEngine:
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    cfg = EngineConfig(dtype=dtype, device=device, max_model_len=1024, max_num_seqs=seqs,
+                       gpu_memory_utilization=0.4, speculative=spec)
+    return LLMEngine(cfg, files=random_model_files(shape, device=device))
+
+
+class StepLog:
+    """Wraps an engine's step kinds and its proposer's drafting and catch-up, and times them."""
+
+    def __init__(self, eng: LLMEngine):
+        self.eng = eng
+        self.ms = defaultdict(list)       # kind -> wall ms of each step of that kind
+        self.drafting_seqs: list[int] = []
+        self.catch_ups: list[int] = []
+        self._wrap(eng, "_overlapped_step", self._overlapped)
+        self._wrap(eng, "_sync_step", self._sync)
+        p = eng.proposer
+        if p is not None:
+            self._wrap(p, "draft", lambda f, work: (self.drafting_seqs.append(len(work)),
+                                                    f(work))[1])
+            self._wrap(p, "catch_up", self._catch_up)
+
+    @staticmethod
+    def _wrap(obj, name, hook):
+        orig = getattr(obj, name)
+        setattr(obj, name, lambda *a: hook(orig, *a))
+
+    def _overlapped(self, f, *a):
+        t = time.perf_counter()
+        out = f(*a)
+        self.ms["overlapped plain"].append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def _sync(self, f, *a):
+        t = time.perf_counter()
+        out = f(*a)
+        kind = "sync drafting" if self.eng._drafted else "sync plain"
+        self.ms[kind].append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def _catch_up(self, f):
+        n = self.eng.proposer.backlog.num_tokens
+        if n:
+            self.catch_ups.append(n)
+        return f()
+
+    def summary(self) -> dict:
+        kinds = {k: dict(steps=len(v), median_ms=round(statistics.median(v), 3),
+                         max_ms=round(max(v), 1), total_ms=round(sum(v), 1))
+                 for k, v in self.ms.items()}
+        out = dict(kinds=kinds)
+        if self.eng.proposer is not None:
+            out.update(drafting_steps=len(self.drafting_seqs),
+                       seqs_per_drafting_step=(round(statistics.mean(self.drafting_seqs), 1)
+                                               if self.drafting_seqs else 0),
+                       catch_ups=len(self.catch_ups), catch_up_positions=sum(self.catch_ups))
+            gate = self.eng.proposer.policy.gate if self.eng.proposer.policy else None
+            if gate is not None:
+                out["gate_tok_s"] = {f"<={2 ** b}": {("drafting" if k else "plain"): round(r)
+                                                     for k, r in bk.rate.items()}
+                                     for b, bk in sorted(gate._buckets.items())}
+        return out
+
+
+def load(eng: LLMEngine, n: int, new: int) -> tuple[float, StepLog]:
+    """``n`` greedy requests added at once; (total tok/s from the first step to the last, the
+    step log of this load)."""
+    log = StepLog(eng)
+    for i in range(n):
+        prompt = [(7 * j + 13 * i) % 500 + 2 for j in range(128)]
+        eng.add_request(f"r{i}-{time.monotonic_ns()}", prompt,
+                        SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
+    t, tokens = time.perf_counter(), 0
+    while eng.has_unfinished_requests():
+        tokens += sum(len(o.new_token_ids) for o in eng.step())
+    return tokens / (time.perf_counter() - t), log
+
+
+def _mark(path: str | None, text: str) -> None:
+    """A line in the compile log: the compiles after it happened in this pass."""
+    if path:
+        with open(path, "a") as f:
+            f.write(f"== {text}\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen3-next-3b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--json")
+    ap.add_argument("--log-compiles", help="append each Triton compile to this file")
+    a = ap.parse_args()
+    if a.log_compiles:
+        from triton_compile_log import log_compiles
+
+        log_compiles(a.log_compiles)
+    seqs = max(a.concurrency)
+    rows = {}
+    spec = SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=True)
+    for name, cfg in (("off", None), ("on", spec)):
+        eng = build(a.shape, a.device, cfg, seqs)
+        eng.warmup()
+        for n in a.concurrency:
+            for rnd in ("cold", "warm"):
+                _mark(a.log_compiles, f"{name} c={n} {rnd}")
+                tok_s, log = load(eng, n, a.new)
+                summary = log.summary()
+                rows.setdefault(f"{n} {rnd}", {})[name] = dict(tok_s=round(tok_s, 1), **summary)
+                print(f"{name:>3} c={n:<3} {rnd} {tok_s:9.1f} tok/s  {json.dumps(summary)}",
+                      flush=True)
+        del eng
+    for key, r in rows.items():
+        r["on_off"] = round(r["on"]["tok_s"] / r["off"]["tok_s"], 3)
+        print(f"c={key:<8} on/off total tok/s {r['on_off']:.3f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
