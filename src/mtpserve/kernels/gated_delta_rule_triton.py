@@ -64,11 +64,14 @@ def _gates(g_ptr, beta_ptr, alog_ptr, dtb_ptr, off, h, RAW: tl.constexpr):
     return g, beta
 
 
-@triton.jit
+# The tokens per sequence ``T`` is a runtime loop bound, not specialized on: as a constexpr each
+# padded query length of an eager step (prefill tails of 2..16 tokens at 64 requests) compiled
+# both kernels anew at use (H200: 0.3-0.4 s each, benchmarks/gpu_mtp_load.py).
+@triton.jit(do_not_specialize=["T"])
 def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pool_ptr,
                       slots_ptr, last_ptr, out_ptr, scratch_ptr, rows_ptr, scale,
                       sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_k, sg_r,
-                      so_b, so_t, so_h, sp, ss_r, ss_t, T: tl.constexpr,
+                      so_b, so_t, so_h, sp, ss_r, ss_t, T,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, RAW: tl.constexpr, SCRATCH: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -201,9 +204,9 @@ def _window(state_ptrs, x_ptrs, sx_t, j, mask, K: tl.constexpr):
     return tl.where(from_state, s, x).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _conv_kernel(x_ptr, w_ptr, pool_ptr, slots_ptr, last_ptr, y_ptr, scratch_ptr, rows_ptr, C,
-                 sx_b, sx_t, sy_b, sy_t, sp, ss_r, ss_t, T: tl.constexpr, K: tl.constexpr,
+                 sx_b, sx_t, sy_b, sy_t, sp, ss_r, ss_t, T, K: tl.constexpr,
                  KP: tl.constexpr, BC: tl.constexpr, SCRATCH: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)

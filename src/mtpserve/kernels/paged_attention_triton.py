@@ -34,7 +34,11 @@ PROGRAMS_PER_SM = 4
 TILE = 64
 
 
-@triton.jit
+# Sizes that change from step to step are not specialized on (Triton compiles a variant for an
+# integer argument that is 1 or a multiple of 16): a block table's width ``s_tab`` and the
+# partition count made the MTP's first catch-ups at 64 requests compile at use (H200, 0.6-0.7 s
+# each, benchmarks/gpu_mtp_load.py).
+@triton.jit(do_not_specialize=["s_tab", "num_parts"])
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
                     o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
@@ -139,7 +143,7 @@ def _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr, base, parts, P_PAD: tl.constexpr, 
     tl.store(o_ptr + d, (o / den).to(o_ptr.dtype.element_ty), mask=d < D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_parts"])
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, so_t, so_h, num_parts,
                   P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                   TILE: tl.constexpr, PDL: tl.constexpr):
