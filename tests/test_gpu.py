@@ -506,3 +506,61 @@ def test_compiling_ahead_compiles_without_running_then_runs():
     assert len(cache()) == before + 1
     g, u = x[:, :777].float(), x[:, 777:].float()
     torch.testing.assert_close(out.float(), torch.nn.functional.silu(g) * u, rtol=2e-2, atol=2e-2)
+
+
+def _variants(kernel) -> int:
+    """Compiled variants of a Triton kernel on the current device."""
+    caches = kernel.device_caches.get(torch.cuda.current_device())
+    return len(caches[0]) if caches else 0
+
+
+def test_gated_delta_rule_kernels_compile_once_for_every_query_length_and_offset():
+    """kernels/jit_options.py: the tokens per sequence T (2..16: prefill tails, verify, catch-
+    ups) and gate views that start at any offset run one compiled variant of each kernel
+    (before: one per T, and one per alignment; 0.3-0.4 s each at use on the H200)."""
+    from mtpserve.kernels import gated_delta_rule_triton as gdn
+
+    Bs, Hk, Hv, Dk, Dv, C, K = 3, 2, 4, 32, 32, 64, 4
+    dev = dict(device="cuda")
+    ssm = torch.zeros(Bs + 1, Hv, Dk, Dv, **dev)
+    conv = torch.zeros(Bs + 1, C, K - 1, dtype=torch.bfloat16, **dev)
+    slots = torch.arange(Bs, **dev)
+    alog, dtb = torch.zeros(Hv, **dev), torch.zeros(Hv, **dev)
+    w = torch.randn(C, K, dtype=torch.bfloat16, **dev)
+    counts = []
+    for T, offset in ((2, 0), (3, 1), (5, 3), (12, 0), (16, 5), (7, 2)):
+        last = torch.full((Bs,), T - 1, **dev)
+        x = torch.randn(Bs, T, C, dtype=torch.bfloat16, **dev)
+        y = gdn.fused_causal_conv1d(x, w, conv, slots, last)
+        q = y[..., :Hk * Dk].unflatten(-1, (Hk, Dk))
+        v = torch.randn(Bs, T, Hv, Dv, dtype=torch.bfloat16, **dev)
+        flat = torch.randn(2 * Bs * T * Hv + offset, dtype=torch.bfloat16, **dev)
+        a = flat[offset:offset + Bs * T * Hv].view(Bs, T, Hv)
+        b = flat[offset + Bs * T * Hv:].view(Bs, T, Hv)
+        gdn.fused_recurrent_gated_delta_rule(q, q, v, a, b, ssm, slots, torch.empty_like(v),
+                                             last=last, gate_params=(alog, dtb))
+        counts.append((_variants(gdn._conv_kernel), _variants(gdn._recurrent_kernel)))
+    assert counts == [counts[0]] * len(counts)
+
+
+def test_paged_attention_compiles_once_for_every_table_width_and_offset():
+    """The partial kernel runs one variant for block tables of any width within a partition
+    count (``s_tab``) and table / length views at any offset (before: one per divisibility of
+    each by 16, 0.6-0.7 s at use on the H200 in the MTP's first catch-ups)."""
+    from mtpserve.kernels.paged_attention_triton import _partial_kernel, paged_attention_triton
+
+    Hq, Hkv, D, block = 8, 2, 64, 16
+    kc = torch.randn(64 * block, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn_like(kc)
+    counts = []
+    for width, offset in ((16, 0), (13, 1), (17, 3), (32, 16), (9, 5)):
+        T = 3
+        flat = torch.arange(offset + T * width, dtype=torch.int32, device="cuda") % 64
+        tables = flat[offset:].view(T, width)
+        lens = torch.tensor([0] * offset + [5, 40, width * block], dtype=torch.int32,
+                            device="cuda")[offset:]
+        q = torch.randn(T, Hq, D, dtype=torch.bfloat16, device="cuda")
+        paged_attention_triton(q, kc, vc, tables, torch.arange(T, device="cuda"), lens,
+                               D ** -0.5, block, part_size=32 * block, grid_parts=1)
+        counts.append(_variants(_partial_kernel))
+    assert counts == [counts[0]] * len(counts)

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels import pdl
+from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -66,8 +67,9 @@ def _gates(g_ptr, beta_ptr, alog_ptr, dtb_ptr, off, h, RAW: tl.constexpr):
 
 # The tokens per sequence ``T`` is a runtime loop bound, not specialized on: as a constexpr each
 # padded query length of an eager step (prefill tails of 2..16 tokens at 64 requests) compiled
-# both kernels anew at use (H200: 0.3-0.4 s each, benchmarks/gpu_mtp_load.py).
-@triton.jit(do_not_specialize=["T"])
+# both kernels anew at use (H200: 0.3-0.4 s each, benchmarks/gpu_mtp_load.py); so did the
+# alignment of the gate projections, views at offsets that vary (kernels/jit_options.py).
+@triton.jit(**unspecialized(ints=("T",), pointers=("g_ptr", "beta_ptr")))
 def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pool_ptr,
                       slots_ptr, last_ptr, out_ptr, scratch_ptr, rows_ptr, scale,
                       sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_k, sg_r,
@@ -204,7 +206,7 @@ def _window(state_ptrs, x_ptrs, sx_t, j, mask, K: tl.constexpr):
     return tl.where(from_state, s, x).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(**unspecialized(ints=("T",)))
 def _conv_kernel(x_ptr, w_ptr, pool_ptr, slots_ptr, last_ptr, y_ptr, scratch_ptr, rows_ptr, C,
                  sx_b, sx_t, sy_b, sy_t, sp, ss_r, ss_t, T, K: tl.constexpr,
                  KP: tl.constexpr, BC: tl.constexpr, SCRATCH: tl.constexpr, PDL: tl.constexpr):

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels import pdl
+from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
 # one program per (token, KV head) merging its own partitions once there are this many pairs per
@@ -34,11 +35,12 @@ PROGRAMS_PER_SM = 4
 TILE = 64
 
 
-# Sizes that change from step to step are not specialized on (Triton compiles a variant for an
-# integer argument that is 1 or a multiple of 16): a block table's width ``s_tab`` and the
-# partition count made the MTP's first catch-ups at 64 requests compile at use (H200, 0.6-0.7 s
+# Sizes and views that change from step to step are not specialized on (kernels/jit_options.py):
+# a block table's width ``s_tab``, the partition count, and the alignment of the block-table and
+# length views made the MTP's first catch-ups at 64 requests compile at use (H200, 0.6-0.7 s
 # each, benchmarks/gpu_mtp_load.py).
-@triton.jit(do_not_specialize=["s_tab", "num_parts"])
+@triton.jit(**unspecialized(ints=("s_tab", "num_parts"),
+                            pointers=("tables_ptr", "row_ptr", "len_ptr")))
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
                     o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
@@ -143,7 +145,7 @@ def _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr, base, parts, P_PAD: tl.constexpr, 
     tl.store(o_ptr + d, (o / den).to(o_ptr.dtype.element_ty), mask=d < D)
 
 
-@triton.jit(do_not_specialize=["num_parts"])
+@triton.jit(**unspecialized(ints=("num_parts",), pointers=("len_ptr",)))
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, so_t, so_h, num_parts,
                   P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                   TILE: tl.constexpr, PDL: tl.constexpr):
