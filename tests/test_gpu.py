@@ -544,9 +544,10 @@ def test_gated_delta_rule_kernels_compile_once_for_every_query_length_and_offset
 
 
 def test_paged_attention_compiles_once_for_every_table_width_and_offset():
-    """The partial kernel runs one variant for block tables of any width within a partition
-    count (``s_tab``) and table / length views at any offset (before: one per divisibility of
-    each by 16, 0.6-0.7 s at use on the H200 in the MTP's first catch-ups)."""
+    """The partial kernel runs one variant for block tables of any width up to 16 partitions
+    (``s_tab``, ``num_parts``, the merge's ``P_PAD``) and table / length views at any offset
+    (before: one per divisibility of each by 16 and per power of two of the partitions, 0.5-0.7
+    s at use on the H200 in the MTP's first catch-ups)."""
     from mtpserve.kernels.paged_attention_triton import _partial_kernel, paged_attention_triton
 
     Hq, Hkv, D, block = 8, 2, 64, 16
@@ -561,6 +562,6 @@ def test_paged_attention_compiles_once_for_every_table_width_and_offset():
                             device="cuda")[offset:]
         q = torch.randn(T, Hq, D, dtype=torch.bfloat16, device="cuda")
         paged_attention_triton(q, kc, vc, tables, torch.arange(T, device="cuda"), lens,
-                               D ** -0.5, block, part_size=32 * block, grid_parts=1)
+                               D ** -0.5, block, part_size=4 * block, grid_parts=1)
         counts.append(_variants(_partial_kernel))
     assert counts == [counts[0]] * len(counts)

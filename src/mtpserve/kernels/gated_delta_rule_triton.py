@@ -68,8 +68,9 @@ def _gates(g_ptr, beta_ptr, alog_ptr, dtb_ptr, off, h, RAW: tl.constexpr):
 # The tokens per sequence ``T`` is a runtime loop bound, not specialized on: as a constexpr each
 # padded query length of an eager step (prefill tails of 2..16 tokens at 64 requests) compiled
 # both kernels anew at use (H200: 0.3-0.4 s each, benchmarks/gpu_mtp_load.py); so did the
-# alignment of the gate projections, views at offsets that vary (kernels/jit_options.py).
-@triton.jit(**unspecialized(ints=("T",), pointers=("g_ptr", "beta_ptr")))
+# alignment of the gate projections, views at offsets that vary, and their batch stride
+# T * Hv (kernels/jit_options.py).
+@triton.jit(**unspecialized(ints=("T", "sg_b"), pointers=("g_ptr", "beta_ptr")))
 def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pool_ptr,
                       slots_ptr, last_ptr, out_ptr, scratch_ptr, rows_ptr, scale,
                       sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_k, sg_r,

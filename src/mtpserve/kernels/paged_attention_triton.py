@@ -27,6 +27,8 @@ from mtpserve.kernels import pdl
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
+MIN_P_PAD = 16   # partitions a merge is compiled for, at least
+
 # one program per (token, KV head) merging its own partitions once there are this many pairs per
 # SM; below, the partitions of a pair run in parallel programs (up to PROGRAMS_PER_SM per SM)
 SELF_MERGE_PROGRAMS_PER_SM = 2
@@ -190,7 +192,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_parts = -(-block_tables.shape[1] * block_size // part_size)
     grid_parts = min(num_parts, grid_parts or _grid_parts(q.device, T * Hkv))
     d_pad = max(16, triton.next_power_of_2(D))
-    p_pad = triton.next_power_of_2(num_parts)
+    # at least 16: a merge over fewer partitions is the same masked loop, and each power of two
+    # below it was one more variant to compile (an MTP catch-up's short tables, at use)
+    p_pad = max(MIN_P_PAD, triton.next_power_of_2(num_parts))
     tile = min(TILE if D <= 128 else TILE // 2, triton.next_power_of_2(part_size))
     m = torch.empty(T, Hq, num_parts, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
