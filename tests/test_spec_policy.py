@@ -206,6 +206,30 @@ def test_a_probe_replaces_its_arms_stale_figure():
     assert [g.allow(1) for _ in range(4)].count(True) == 3   # drafting chosen, 1 plain probe
 
 
+def test_probes_that_confirm_the_veto_come_ever_less_often():
+    """A probe of drafting that loses again doubles the interval to the next probe (4, 8, 16,
+    then capped at 16); one that wins brings it back to ``probe_every`` (and drafting on). On
+    the H200 a probe at 64 requests whose drafts were all rejected cost 20 ms, 4.6 plain steps."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    g = LoadGate(probe_every=4, max_probe_every=16)
+    g.allow(1)
+    g.record(1, True, tokens=1, seconds=1 / 300)   # drafting 300 tok/s
+    g.allow(1)
+    g.record(1, False, tokens=1, seconds=1 / 700)  # plain 700 tok/s
+    probes = []
+    for step in range(3, 60):
+        if g.allow(1):
+            probes.append(step)
+            g.record(1, True, tokens=1, seconds=1 / 300)   # the probe loses again
+        else:
+            g.record(1, False, tokens=1, seconds=1 / 700)
+    assert probes == [4, 12, 28, 44]   # each 4, 8, 16, 16 steps after the one before
+    assert g.allow(1) is True                               # step 60: the next probe
+    g.record(1, True, tokens=4, seconds=4 / 1500)          # it wins: drafting from now on
+    assert [g.allow(1) for _ in range(4)] == [True, True, True, False]   # 64: probe plain
+
+
 def test_proposer_drafts_nothing_when_the_gate_vetoes():
     from mtpserve.spec.load_gate import LoadGate
     from mtpserve.spec.ngram import NgramProposer

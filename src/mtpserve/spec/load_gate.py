@@ -11,7 +11,10 @@ bucket (powers of two), and vetoes drafting in a bucket where plain steps are fa
 alternates drafting and plain steps until both are measured; after that one step in ``probe_every``
 runs the other way, and its figure replaces the stale one of that arm, so both stay current as the
 load and the requests' acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018,
-sec. 2.2).
+sec. 2.2). A probe that confirms the choice doubles the bucket's interval to the next probe, up to
+``max_probe_every``; one that overturns it resets the interval (exponential backoff): on the H200
+a probe of drafting at 64 requests whose drafts were all rejected cost 20 ms against 4.4 ms for a
+plain step, and one in 32 made the MTP server 0.80x plain decoding there.
 """
 
 from __future__ import annotations
@@ -25,20 +28,27 @@ class _Bucket:
     count: dict = field(default_factory=dict)  # steps recorded per arm
     steps: int = 0
     probe: bool | None = None   # the arm the last allow() probed, until a step is recorded
+    interval: int = 0           # steps from one probe to the next (0: not set yet)
+    next_probe: int = 0         # the step (count of allow() calls) that probes next
+    probe_step: int = 0         # the step of the last probe
 
 
 class LoadGate:
     """Per batch-size bucket: exponentially weighted tokens/s of drafting and of plain steps.
 
     Args:
-        probe_every: one step in this many takes the arm the gate would not choose (>= 2);
+        probe_every: one step in this many takes the arm the gate would not choose (>= 2), as
+            long as probes overturn the choice; each probe that confirms it doubles the
+            interval, up to ``max_probe_every`` (default 16 x ``probe_every``);
         decay: weight of the old figure when a step of the same arm is recorded (0..1).
     """
 
-    def __init__(self, probe_every: int = 32, decay: float = 0.8):
+    def __init__(self, probe_every: int = 32, decay: float = 0.8,
+                 max_probe_every: int | None = None):
         if probe_every < 2:
             raise ValueError(f"probe_every must be at least 2, got {probe_every}")
         self.probe_every, self.decay = probe_every, decay
+        self.max_probe_every = max(probe_every, max_probe_every or 16 * probe_every)
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -50,12 +60,17 @@ class LoadGate:
         """Whether the step about to run with ``num_seqs`` decoding sequences may draft."""
         b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
         b.steps += 1
+        if not b.interval:
+            b.interval = b.next_probe = self.probe_every
+        due = b.steps >= b.next_probe
+        if due:
+            b.next_probe = b.steps + b.interval
         spec, plain = b.rate.get(True), b.rate.get(False)
         if spec is None or plain is None:   # measure both sides first: alternate (steps with a
             return b.steps % 2 == 1          # prefill chunk are not recorded, so never lock in)
         choice = spec >= plain
-        if b.steps % self.probe_every == 0:
-            b.probe = not choice
+        if due:
+            b.probe, b.probe_step = not choice, b.steps
             return b.probe
         return choice
 
@@ -85,6 +100,17 @@ class LoadGate:
         w = 1.0 if probe else max(1.0 / n, 1.0 - self.decay)
         old = b.rate.get(drafted, 0.0)
         b.rate[drafted] = old + w * (tokens / seconds - old)
+        if probe:
+            self._back_off(b, drafted)
+
+    def _back_off(self, b: _Bucket, probed: bool) -> None:
+        """After a probe of the arm ``probed`` was recorded: double the interval to the next
+        probe if the other arm is still the faster, else go back to ``probe_every``."""
+        other = b.rate.get(not probed)
+        confirmed = other is not None and b.rate[probed] < other
+        b.interval = (min(2 * b.interval, self.max_probe_every) if confirmed
+                      else self.probe_every)
+        b.next_probe = b.probe_step + b.interval
 
     def rates(self, num_seqs: int) -> tuple[float | None, float | None]:
         """(drafting, plain) tokens/s measured in ``num_seqs``'s bucket (None: not yet)."""
