@@ -230,6 +230,29 @@ def test_probes_that_confirm_the_veto_come_ever_less_often():
     assert [g.allow(1) for _ in range(4)] == [True, True, True, False]   # 64: probe plain
 
 
+def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():
+    """Drafting lost at 16 sequences: the bucket of 64 starts vetoed (no drafting step to
+    explore it), its first plain step replaces the inherited plain figure, and it probes
+    drafting after ``probe_every`` steps. Smaller buckets, and buckets above one where
+    drafting won, explore as before."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    g = LoadGate(probe_every=4)
+    g.allow(16)
+    g.record(16, True, tokens=16, seconds=0.010)    # 1600 tok/s drafting
+    g.allow(16)
+    g.record(16, False, tokens=16, seconds=0.004)   # 4000 tok/s plain
+    assert [g.allow(64) for _ in range(4)] == [False, False, False, True]
+    assert g.rates(64) == (1600.0, 4000.0)
+    g.record(64, False, tokens=64, seconds=0.008)   # its own first plain step: 8000 tok/s
+    assert g.rates(64) == (1600.0, 8000.0)
+    assert g.allow(1) is True and g.allow(8) is True  # smaller buckets explore
+    g2 = LoadGate(probe_every=4)
+    g2.record(8, True, tokens=20, seconds=0.002)
+    g2.record(8, False, tokens=8, seconds=0.002)    # drafting wins at 8 ...
+    assert g2.allow(32) is True                       # ... so the bucket of 17-32 explores
+
+
 def test_proposer_drafts_nothing_when_the_gate_vetoes():
     from mtpserve.spec.load_gate import LoadGate
     from mtpserve.spec.ngram import NgramProposer

@@ -14,7 +14,8 @@ load and the requests' acceptance change (an epsilon-greedy two-armed bandit, Su
 sec. 2.2). A probe that confirms the choice doubles the bucket's interval to the next probe, up to
 ``max_probe_every``; one that overturns it resets the interval (exponential backoff): on the H200
 a probe of drafting at 64 requests whose drafts were all rejected cost 20 ms against 4.4 ms for a
-plain step, and one in 32 made the MTP server 0.80x plain decoding there.
+plain step, and one in 32 made the MTP server 0.80x plain decoding there. For the same reason a
+new bucket above one where drafting lost starts from that bucket's figures instead of exploring.
 """
 
 from __future__ import annotations
@@ -56,9 +57,27 @@ class LoadGate:
         """Bucket of a batch of ``num_seqs`` sequences: 1; 2; 3-4; 5-8; ...; 33-64; ..."""
         return max(0, num_seqs - 1).bit_length()
 
+    def _get(self, num_seqs: int) -> _Bucket:
+        """``num_seqs``'s bucket. A new one starts from the figures of the largest smaller
+        bucket where drafting lost, if any: a verify step's relative cost only grows with the
+        batch (``DraftLengthPolicy``), so drafting loses there too, and exploring it costs a
+        drafting step per bucket as a load ramps up (H200, MTP at 64 requests with every draft
+        rejected: 20 ms against 4.4 ms for a plain step). Each inherited figure counts as no
+        step, so the bucket's first step of that arm replaces it; the drafting arm is probed
+        after ``probe_every`` steps, as in any bucket."""
+        key = self.bucket(num_seqs)
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = _Bucket()
+            lost = [k for k, o in self._buckets.items() if k < key and len(o.rate) == 2
+                    and o.rate[True] < o.rate[False]]
+            if lost:
+                b.rate = dict(self._buckets[max(lost)].rate)
+        return b
+
     def allow(self, num_seqs: int) -> bool:
         """Whether the step about to run with ``num_seqs`` decoding sequences may draft."""
-        b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
+        b = self._get(num_seqs)
         b.steps += 1
         if not b.interval:
             b.interval = b.next_probe = self.probe_every
@@ -86,7 +105,7 @@ class LoadGate:
         (whole engine step: drafting, forward, verification, output)."""
         if seconds <= 0 or tokens <= 0:
             return
-        b = self._buckets.setdefault(self.bucket(num_seqs), _Bucket())
+        b = self._get(num_seqs)
         n = b.count[drafted] = b.count.get(drafted, 0) + 1
         # a plain mean over the first steps (one slow first step must not decide for long), then
         # exponential forgetting; a probe's step replaces its arm's figure, which is stale by
