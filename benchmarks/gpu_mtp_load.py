@@ -43,6 +43,7 @@ class StepLog:
         self.eng = eng
         self.ms = defaultdict(list)       # kind -> wall ms of each step of that kind
         self.drafting_seqs: list[int] = []
+        self._wrapped: list[tuple[object, str]] = []
         self.catch_ups: list[int] = []
         self._wrap(eng, "_overlapped_step", self._overlapped)
         self._wrap(eng, "_sync_step", self._sync)
@@ -52,10 +53,16 @@ class StepLog:
                                                     f(work))[1])
             self._wrap(p, "catch_up", self._catch_up)
 
-    @staticmethod
-    def _wrap(obj, name, hook):
+    def _wrap(self, obj, name, hook):
         orig = getattr(obj, name)
         setattr(obj, name, lambda *a: hook(orig, *a))
+        self._wrapped.append((obj, name))
+
+    def close(self) -> None:
+        """Put the wrapped methods back (the next pass wraps afresh)."""
+        for obj, name in self._wrapped:
+            delattr(obj, name)
+        self._wrapped.clear()
 
     def _overlapped(self, f, *a):
         t = time.perf_counter()
@@ -103,8 +110,11 @@ def load(eng: LLMEngine, n: int, new: int) -> tuple[float, StepLog]:
         eng.add_request(f"r{i}-{time.monotonic_ns()}", prompt,
                         SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
     t, tokens = time.perf_counter(), 0
-    while eng.has_unfinished_requests():
-        tokens += sum(len(o.new_token_ids) for o in eng.step())
+    try:
+        while eng.has_unfinished_requests():
+            tokens += sum(len(o.new_token_ids) for o in eng.step())
+    finally:
+        log.close()
     return tokens / (time.perf_counter() - t), log
 
 

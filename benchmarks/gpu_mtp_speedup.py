@@ -186,7 +186,7 @@ class _Every:
         self.calls += 1
         return allowed
 
-    def record(self, *args) -> None:
+    def record(self, *args, **kwargs) -> None:
         pass
 
 

@@ -194,6 +194,7 @@ class ScriptedGate:
 
     def __init__(self, pattern):
         self.pattern, self.calls, self.records, self.sized = pattern, 0, [], []
+        self.switches = []   # (drafted, switch) per record
 
     def allow(self, num_seqs):
         self.calls += 1
@@ -202,14 +203,16 @@ class ScriptedGate:
     def exploring(self, num_seqs):
         return False   # drafts priced by the measured times, as a gate that has measured both
 
-    def record(self, num_seqs, drafted, tokens, seconds):
+    def record(self, num_seqs, drafted, tokens, seconds, switch=False):
         self.records.append((drafted, tokens))
+        self.switches.append((drafted, switch))
         self.sized.append((num_seqs, drafted, tokens))
 
 
 @pytest.mark.parametrize("algo, pattern, budget", [
     ("ngram", (False, False, True), None), ("ngram", (True, False), None),
-    ("ngram", (True, False), 8), ("draft", (False, False, True), None)])
+    ("ngram", (True, False), 8), ("draft", (False, False, True), None),
+    ("ngram", (True, True, False), None)])
 def test_steps_kept_plain_by_the_gate_overlap(smollm2_llm, algo, pattern, budget):
     """With n-gram drafting, or a draft model (the target itself: it catches up on the tokens
     of the steps it skipped when it next drafts), steps the load gate keeps plain run
@@ -259,6 +262,12 @@ def test_steps_kept_plain_by_the_gate_overlap(smollm2_llm, algo, pattern, budget
         plain = [t for drafted, t in gate.records if not drafted]
         assert len(plain) >= 5 and set(plain) <= {1, 2} and plain.count(2) >= 4
         assert len(gate.records) >= gate.calls - 3   # all but the prefill and the last steps
+        # a drafting step is a switch exactly when the step before it verified no drafts
+        pairs = list(zip(gate.switches, gate.switches[1:]))
+        assert all(switch == (not before) for (before, _), (drafted, switch) in pairs
+                   if drafted)
+        assert any(not switch for (drafted, switch) in gate.switches if drafted) == (
+            pattern == (True, True, False))
 
 
 def test_gate_files_a_drained_plain_step_under_its_own_batch_size(smollm2_llm):

@@ -157,26 +157,27 @@ def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
     from mtpserve.spec.load_gate import LoadGate
 
     g = LoadGate(probe_every=4)
-    # nothing measured: drafting and plain steps alternate until both are (steps with prefill
+    # nothing measured: two drafting steps and a plain one until both are (steps with prefill
     # chunks are not recorded, so a side that is never measured must not lock the other out)
-    assert [g.allow(64) for _ in range(3)] == [True, False, True]
+    assert [g.allow(64) for _ in range(3)] == [True, True, False]
+    g.record(64, True, tokens=64, seconds=0.020, switch=True)   # after plain: not recorded
+    assert g.rates(64) == (None, None)
     g.record(64, True, tokens=120, seconds=0.010)          # 12000 tok/s drafting
-    assert g.allow(64) is False                             # step 4: plain still unmeasured
     g.record(64, False, tokens=64, seconds=0.004)          # 16000 tok/s plain: faster
     assert g.rates(64) == (12000.0, 16000.0)
-    assert [g.allow(64) for _ in range(3)] == [False, False, False]
-    assert g.allow(64) is True                              # step 8: the probe of drafting
+    # step 4: a probe of drafting, two steps (the first a switch); then plain
+    assert [g.allow(64) for _ in range(4)] == [True, True, False, False]
     # another bucket is measured on its own: one sequence still drafts
     assert [g.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
     assert g.bucket(33) == g.bucket(64) != g.bucket(32)
     assert g.allow(1) is True
     # drafting becomes faster (a plain mean of the first steps, then 0.8 old + 0.2 new)
-    for _ in range(10):
+    for _ in range(10):   # the first takes the probe's mark: the interval stays 4
         g.record(64, True, tokens=400, seconds=0.010)
     spec, plain = g.rates(64)
     assert spec > plain
-    assert [g.allow(64) for _ in range(3)] == [True, True, True]
-    assert g.allow(64) is False                             # step 12: plain is re-measured
+    # steps 8-12: plain is probed at 8 and 12
+    assert [g.allow(64) for _ in range(5)] == [False, True, True, True, False]
     with pytest.raises(ValueError, match="probe_every"):
         LoadGate(probe_every=1)
 
@@ -190,51 +191,63 @@ def test_a_probe_replaces_its_arms_stale_figure():
     from mtpserve.spec.load_gate import LoadGate
 
     g = LoadGate(probe_every=4)
-    for drafted, tps in ((True, 300.0), (False, 500.0)) * 5:
+    for drafted, tps in ((True, 300.0), (False, 500.0)) * 5:   # steps 1-10
         g.allow(1)
         g.record(1, drafted, tokens=1, seconds=1 / tps)
     assert g.rates(1) == pytest.approx((300.0, 500.0))
-    assert [g.allow(1) for _ in range(4)].count(True) == 1   # one probe in 4 steps
+    # the probe of step 4 lost again: the next comes 8 steps later, at 12 (two steps)
+    assert [g.allow(1) for _ in range(4)] == [False, True, True, False]   # steps 11-14
     # the plain step still in flight (async scheduling), drained by the probe: blended, and
     # it leaves the probe's mark to the probe's own step
     g.record(1, False, tokens=1, seconds=1 / 600)
     assert g.rates(1)[1] == pytest.approx(0.8 * 500 + 0.2 * 600)
+    g.record(1, True, tokens=4, seconds=4 / 600, switch=True)   # the probe's switch: skipped
+    assert g.rates(1)[0] == pytest.approx(300.0)
     g.record(1, True, tokens=4, seconds=4 / 1500)   # the probe: replaces the stale 300
     assert g.rates(1)[0] == pytest.approx(1500.0)
     g.record(1, True, tokens=1, seconds=1 / 300)    # not a probe: blended
     assert g.rates(1)[0] == pytest.approx(0.8 * 1500 + 0.2 * 300)
-    assert [g.allow(1) for _ in range(4)].count(True) == 3   # drafting chosen, 1 plain probe
+    # drafting chosen; the probe overturned the veto, so plain is probed 4 steps after it
+    assert [g.allow(1) for _ in range(4)] == [True, False, True, True]   # steps 15-18
 
 
 def test_probes_that_confirm_the_veto_come_ever_less_often():
-    """A probe of drafting that loses again doubles the interval to the next probe (4, 8, 16,
-    then capped at 16); one that wins brings it back to ``probe_every`` (and drafting on). On
-    the H200 a probe at 64 requests whose drafts were all rejected cost 20 ms, 4.6 plain steps."""
+    """A probe of drafting (two steps: the first, a switch after plain steps, is not recorded)
+    that loses again doubles the interval to the next probe (4, 8, 16, then capped at 16); one
+    that wins brings it back to ``probe_every`` (and drafting on). On the H200 a probe at 64
+    requests whose drafts were all rejected cost 20 ms, 4.6 plain steps."""
     from mtpserve.spec.load_gate import LoadGate
 
     g = LoadGate(probe_every=4, max_probe_every=16)
-    g.allow(1)
-    g.record(1, True, tokens=1, seconds=1 / 300)   # drafting 300 tok/s
-    g.allow(1)
-    g.record(1, False, tokens=1, seconds=1 / 700)  # plain 700 tok/s
-    probes = []
-    for step in range(3, 60):
-        if g.allow(1):
-            probes.append(step)
-            g.record(1, True, tokens=1, seconds=1 / 300)   # the probe loses again
+    drafting, last = [], True
+
+    def step(n: int, drafted_tps: float) -> None:
+        nonlocal last
+        drafted = g.allow(1)
+        if drafted:
+            drafting.append(n)
+            g.record(1, True, tokens=1, seconds=1 / drafted_tps, switch=not last)
         else:
             g.record(1, False, tokens=1, seconds=1 / 700)
-    assert probes == [4, 12, 28, 44]   # each 4, 8, 16, 16 steps after the one before
-    assert g.allow(1) is True                               # step 60: the next probe
-    g.record(1, True, tokens=4, seconds=4 / 1500)          # it wins: drafting from now on
-    assert [g.allow(1) for _ in range(4)] == [True, True, True, False]   # 64: probe plain
+        last = drafted
+
+    g.allow(1)
+    g.record(1, True, tokens=1, seconds=1 / 300)   # drafting 300 tok/s
+    for n in range(2, 60):
+        step(n, 300.0)                                # every probe loses again
+    assert drafting == [2, 4, 5, 12, 13, 28, 29, 44, 45]   # 4, 8, 16, 16 steps apart
+    step(60, 1500.0)                                  # the next probe: its switch
+    step(61, 1500.0)                                  # ... and its measure: drafting wins
+    for n in range(62, 66):
+        step(n, 1500.0)
+    assert drafting[-5:] == [60, 61, 62, 63, 65]      # 64: plain probed 4 steps after 60
 
 
 def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():
     """Drafting lost at 16 sequences: the bucket of 64 starts vetoed (no drafting step to
     explore it), its first plain step replaces the inherited plain figure, and it probes
-    drafting after ``probe_every`` steps. Smaller buckets, and buckets above one where
-    drafting won, explore as before."""
+    drafting after ``probe_every`` steps. Smaller buckets, and buckets whose nearest measured
+    smaller bucket had drafting win, explore as before."""
     from mtpserve.spec.load_gate import LoadGate
 
     g = LoadGate(probe_every=4)
@@ -248,9 +261,12 @@ def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():
     assert g.rates(64) == (1600.0, 8000.0)
     assert g.allow(1) is True and g.allow(8) is True  # smaller buckets explore
     g2 = LoadGate(probe_every=4)
+    g2.record(1, True, tokens=1, seconds=1 / 300)
+    g2.record(1, False, tokens=1, seconds=1 / 700)  # drafting loses at 1 sequence,
     g2.record(8, True, tokens=20, seconds=0.002)
-    g2.record(8, False, tokens=8, seconds=0.002)    # drafting wins at 8 ...
-    assert g2.allow(32) is True                       # ... so the bucket of 17-32 explores
+    g2.record(8, False, tokens=8, seconds=0.002)    # but wins at 8: the nearest measured
+    assert g2.allow(32) is True                       # bucket below 17-32, which explores
+    assert g2.rates(32) == (None, None)
 
 
 def test_proposer_drafts_nothing_when_the_gate_vetoes():
@@ -307,20 +323,20 @@ def test_a_probe_of_the_drafting_arm_prices_drafts_by_the_model():
     gate = LoadGate(probe_every=4)
     p = _h200_like_policy(timer, gate, prior=0.8)
     s = seq()
-    p.set_batch(1)
-    assert p.allow_drafts() and gate.exploring(1)   # drafting not measured yet: explore
-    assert p.num_drafts(s) == 3
-    for drafted, tps in ((True, 10.0), (False, 800.0)):
-        gate.record(1, drafted, tokens=1, seconds=1 / tps)
     answers = []
-    for _ in range(4):
+    for drafted, tps, switch in ((True, 10.0, True), (True, 10.0, False), (False, 800.0, False),
+                                 (None, 0, False), (None, 0, False), (None, 0, False),
+                                 (None, 0, False)):
         p.set_batch(1)
         allowed = p.allow_drafts()
         answers.append((allowed, gate.exploring(1) if allowed else None,
                         p.num_drafts(s) if allowed else 0))
-    # plain is chosen (800 vs 10 tok/s); the bucket's 4th step probes drafting, priced by
-    # the model
-    assert answers == [(False, None, 0)] * 2 + [(True, True, 3), (False, None, 0)]
+        if drafted is not None:   # steps 1-3 explore: drafting (a switch, then measured), plain
+            gate.record(1, drafted, tokens=1, seconds=1 / tps, switch=switch)
+    # drafting not measured yet: explore (priced by the model); plain is chosen (800 vs 10
+    # tok/s); the bucket's 4th step probes drafting for two steps, priced by the model
+    assert answers == [(True, True, 3), (True, True, 3), (False, None, 0),
+                       (True, True, 3), (True, True, 3), (False, None, 0), (False, None, 0)]
     p.set_batch(1)   # measured prices alone: the stalled step prices every draft out
     p._costs = None
     assert p._best(0.8) == 0

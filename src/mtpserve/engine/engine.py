@@ -180,7 +180,8 @@ class LLMEngine:
             outputs.extend(self._postprocess(s))
         emitted = sum(len(o.new_token_ids) for o in outputs)
         self.stats_logger.step(self, emitted)
-        self._record_for_policy(sched, emitted, time.perf_counter() - t0)
+        self._record_for_policy(sched, emitted, time.perf_counter() - t0,
+                                after_plain=not self._drafted)
         self._done_at = time.perf_counter()
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
@@ -262,14 +263,17 @@ class LLMEngine:
         self._done_at = now
         return outputs
 
-    def _record_for_policy(self, sched, emitted: int, seconds: float) -> None:
+    def _record_for_policy(self, sched, emitted: int, seconds: float,
+                           after_plain: bool = True) -> None:
         """Decode steps (every sequence computes its newest token, with or without drafts) tell
-        the draft-length policy's gate what drafting or not drafting yielded."""
+        the draft-length policy's gate what drafting or not drafting yielded; ``after_plain``:
+        the step before verified no drafts (a drafting step is then a switch)."""
         policy = getattr(self.proposer, "policy", None)
         if policy is None or any(s.num_new_tokens != 1 for s in sched.scheduled):
             return
         drafted = any(s.draft_token_ids for s in sched.scheduled)
-        policy.record_step(len(sched.scheduled), drafted, emitted, seconds)
+        policy.record_step(len(sched.scheduled), drafted, emitted, seconds,
+                           switch=drafted and after_plain)
 
     @staticmethod
     def _kept_hidden(sched, starts, batch, hidden):

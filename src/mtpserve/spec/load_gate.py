@@ -7,15 +7,27 @@ plus a learned host time per sequence and per draft. Host work that does not sca
 than plain decoding at high load: measured on the H200 with n-gram drafts at 64 concurrent
 requests, 0.53x. This gate measures what matters instead — tokens emitted per second of whole
 engine steps — separately for steps that verified drafts and steps that did not, per batch-size
-bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster. A new bucket
-alternates drafting and plain steps until both are measured; after that one step in ``probe_every``
-runs the other way, and its figure replaces the stale one of that arm, so both stay current as the
-load and the requests' acceptance change (an epsilon-greedy two-armed bandit, Sutton & Barto 2018,
-sec. 2.2). A probe that confirms the choice doubles the bucket's interval to the next probe, up to
-``max_probe_every``; one that overturns it resets the interval (exponential backoff): on the H200
-a probe of drafting at 64 requests whose drafts were all rejected cost 20 ms against 4.4 ms for a
-plain step, and one in 32 made the MTP server 0.80x plain decoding there. For the same reason a
-new bucket above one where drafting lost starts from that bucket's figures instead of exploring.
+bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster (an
+epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2):
+
+- A new bucket explores until both arms are measured: two drafting steps, one plain, again.
+- After that, when a probe is due, one step runs the other way (two for drafting), and its figure
+  replaces that arm's stale one, so both stay current as the load and the requests' acceptance
+  change.
+- A drafting step right after a plain one is a *switch* and is not recorded (``record``'s
+  ``switch``): the proposer first catches up on the plain steps and drafts from scratch (H200,
+  MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step that follows another and 1.26
+  ms for a plain step). Weighed as the drafting arm's rate, no single-step probe could ever lift
+  a veto even at 100% acceptance (4 tokens in 5.5 ms < 1 in 1.26 ms). The burst's second step is
+  what measures drafting; the switch is paid once per run of drafting steps.
+- A probe that confirms the choice doubles the bucket's interval to the next probe, up to
+  ``max_probe_every`` (4 x by default); one that overturns it resets the interval (exponential
+  backoff). On the H200 a drafting probe at 64 requests whose drafts were all rejected cost 20 ms
+  against 4.4 ms for a plain step, and one in 32 steps made the MTP server 0.80x plain decoding
+  there. The cap bounds how late a request that would gain is found (128 steps by default: a
+  cap of 16 x left most simulated 128-token requests that accept every draft undrafted).
+- A new bucket whose nearest smaller measured bucket vetoes drafting starts from that bucket's
+  figures instead of exploring: a verify step's relative cost only grows with the batch.
 """
 
 from __future__ import annotations
@@ -32,15 +44,16 @@ class _Bucket:
     interval: int = 0           # steps from one probe to the next (0: not set yet)
     next_probe: int = 0         # the step (count of allow() calls) that probes next
     probe_step: int = 0         # the step of the last probe
+    burst: int = 0              # drafting steps still to allow for the probe or exploration
 
 
 class LoadGate:
     """Per batch-size bucket: exponentially weighted tokens/s of drafting and of plain steps.
 
     Args:
-        probe_every: one step in this many takes the arm the gate would not choose (>= 2), as
-            long as probes overturn the choice; each probe that confirms it doubles the
-            interval, up to ``max_probe_every`` (default 16 x ``probe_every``);
+        probe_every: one step in this many takes the arm the gate would not choose (>= 2; two
+            steps for drafting), as long as probes overturn the choice; each probe that confirms
+            it doubles the interval, up to ``max_probe_every`` (default 4 x ``probe_every``);
         decay: weight of the old figure when a step of the same arm is recorded (0..1).
     """
 
@@ -49,7 +62,7 @@ class LoadGate:
         if probe_every < 2:
             raise ValueError(f"probe_every must be at least 2, got {probe_every}")
         self.probe_every, self.decay = probe_every, decay
-        self.max_probe_every = max(probe_every, max_probe_every or 16 * probe_every)
+        self.max_probe_every = max(probe_every, max_probe_every or 4 * probe_every)
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -59,20 +72,21 @@ class LoadGate:
 
     def _get(self, num_seqs: int) -> _Bucket:
         """``num_seqs``'s bucket. A new one starts from the figures of the largest smaller
-        bucket where drafting lost, if any: a verify step's relative cost only grows with the
-        batch (``DraftLengthPolicy``), so drafting loses there too, and exploring it costs a
-        drafting step per bucket as a load ramps up (H200, MTP at 64 requests with every draft
-        rejected: 20 ms against 4.4 ms for a plain step). Each inherited figure counts as no
-        step, so the bucket's first step of that arm replaces it; the drafting arm is probed
-        after ``probe_every`` steps, as in any bucket."""
+        bucket with both arms measured if drafting lost there: a verify step's relative cost
+        only grows with the batch (``DraftLengthPolicy``), so drafting loses here too, and
+        exploring costs drafting steps per bucket as a load ramps up (H200, MTP at 64 requests
+        with every draft rejected: 20 ms against 4.4 ms for a plain step). Each inherited
+        figure counts as no step, so the bucket's first step of that arm replaces it; the
+        drafting arm is probed after ``probe_every`` steps, as in any bucket."""
         key = self.bucket(num_seqs)
         b = self._buckets.get(key)
         if b is None:
             b = self._buckets[key] = _Bucket()
-            lost = [k for k, o in self._buckets.items() if k < key and len(o.rate) == 2
-                    and o.rate[True] < o.rate[False]]
-            if lost:
-                b.rate = dict(self._buckets[max(lost)].rate)
+            measured = [k for k, o in self._buckets.items() if k < key and len(o.rate) == 2]
+            if measured:
+                near = self._buckets[max(measured)].rate
+                if near[True] < near[False]:
+                    b.rate = dict(near)
         return b
 
     def allow(self, num_seqs: int) -> bool:
@@ -81,15 +95,20 @@ class LoadGate:
         b.steps += 1
         if not b.interval:
             b.interval = b.next_probe = self.probe_every
+        if b.burst:
+            b.burst -= 1
+            return True
         due = b.steps >= b.next_probe
         if due:
             b.next_probe = b.steps + b.interval
         spec, plain = b.rate.get(True), b.rate.get(False)
-        if spec is None or plain is None:   # measure both sides first: alternate (steps with a
-            return b.steps % 2 == 1          # prefill chunk are not recorded, so never lock in)
+        if spec is None or plain is None:   # explore: drafting twice (the first is a switch),
+            b.burst = 1 if b.steps % 3 == 1 else 0    # then plain; steps with a prefill chunk
+            return b.steps % 3 != 0                   # are not recorded, so never lock in
         choice = spec >= plain
         if due:
             b.probe, b.probe_step = not choice, b.steps
+            b.burst = 1 if b.probe else 0
             return b.probe
         return choice
 
@@ -100,10 +119,12 @@ class LoadGate:
         b = self._buckets.get(self.bucket(num_seqs))
         return b is not None and (b.probe is True or True not in b.rate)
 
-    def record(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
+    def record(self, num_seqs: int, drafted: bool, tokens: int, seconds: float,
+               switch: bool = False) -> None:
         """A decode step of ``num_seqs`` sequences emitted ``tokens`` tokens in ``seconds``
-        (whole engine step: drafting, forward, verification, output)."""
-        if seconds <= 0 or tokens <= 0:
+        (whole engine step: drafting, forward, verification, output). ``switch``: a drafting
+        step right after a step without drafts (not recorded: see the module doc)."""
+        if seconds <= 0 or tokens <= 0 or (drafted and switch):
             return
         b = self._get(num_seqs)
         n = b.count[drafted] = b.count.get(drafted, 0) + 1

@@ -83,12 +83,14 @@ class DraftLengthPolicy:
         self._costs = None
         return allowed
 
-    def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """The outcome of a decode step of ``num_seqs`` sequences (see ``LoadGate.record``).
-        The step's own size, not the last ``set_batch``: under async scheduling a plain step is
-        read back while a later step, of another size, is already decided."""
+    def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float,
+                    switch: bool = False) -> None:
+        """The outcome of a decode step of ``num_seqs`` sequences (see ``LoadGate.record``;
+        ``switch``: it drafted right after a step that did not). The step's own size, not the
+        last ``set_batch``: under async scheduling a plain step is read back while a later
+        step, of another size, is already decided."""
         if self.gate is not None:
-            self.gate.record(max(1, num_seqs), drafted, tokens, seconds)
+            self.gate.record(max(1, num_seqs), drafted, tokens, seconds, switch=switch)
 
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
