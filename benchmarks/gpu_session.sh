@@ -9,7 +9,9 @@
 #   server logs and an in-process engine profile); mtp (no model needed: MTP / hybrid tests and
 #   benchmarks, about 8 minutes); overlap (no model needed: the async-MTP GPU tests, MTP speedup
 #   by acceptance with the vetoed row, `mtpserve bench --compare` on the hybrid MTP shape); load
-#   (no model needed: the adaptive MTP engine at batch 1 and under load, time to ready with MTP).
+#   (no model needed: the adaptive MTP engine at batch 1 and under load, time to ready with MTP);
+#   gate (no model needed: the fla prefill test, the adaptive MTP engine, bench --compare with the
+#   Gated DeltaNet prefill sequence by sequence and through fla).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -70,5 +72,20 @@ load)     # no model needed, about 4 minutes: the adaptive MTP engine at batch 1
   timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
     --json /tmp/logs-ready/ready-hybrid-mtp.json --log-dir /tmp/logs-ready --extra --speculative-algorithm nextn 2>&1 | tail -2
   tar czf "$OUT/logs-ready.tgz" -C /tmp logs-ready   # $OUT brings back few files: one archive
+  ;;
+gate)     # no model needed, about 5 minutes: the gate's two-step probes and the fla prefill
+  # (fla-core in .whl: ../shared/gpu/wheels.sh fla-core einops)
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "fla_varlen or overlap or drafts_ahead" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 120 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
+    | grep -v "it/s" | tee "$OUT/adaptive.log" | grep -v policy
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  for gdn in torch fla; do
+    MTPSERVE_GDN_PREFILL=$gdn timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
+      --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+      --output-dir /tmp/bench-$gdn -- --dtype bfloat16 --speculative-algorithm nextn \
+      --speculative-num-steps 3 2>&1 | tail -6
+  done
+  tar czf "$OUT/bench.tgz" -C /tmp bench-torch bench-fla
   ;;
 esac

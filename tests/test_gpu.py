@@ -565,3 +565,26 @@ def test_paged_attention_compiles_once_for_every_table_width_and_offset():
                                D ** -0.5, block, part_size=4 * block, grid_parts=1)
         counts.append(_variants(_partial_kernel))
     assert counts == [counts[0]] * len(counts)
+
+
+def test_fla_varlen_chunk_matches_the_reference():
+    """flash-linear-attention's chunk_gated_delta_rule, one varlen call for three sequences
+    (kernels/gated_delta_rule_varlen.py, ``MTPSERVE_GDN_PREFILL=fla``), against the reference
+    sequence by sequence: outputs and final states, bf16 inputs, GVA (4 value heads per 2 key
+    heads), non-zero initial states."""
+    pytest.importorskip("fla")
+    from mtpserve.kernels import gated_delta_rule_varlen as varlen
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths, hk, hv, dk, dv = [17, 130, 64], 2, 4, 128, 128
+    T = sum(lengths)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)
+    q, k = r(T, hk, dk).bfloat16(), r(T, hk, dk).bfloat16()
+    v = r(T, hv, dv).bfloat16()
+    gate = -torch.rand(T, hv, device="cuda", generator=g)
+    beta = torch.rand(T, hv, device="cuda", generator=g).bfloat16().float()
+    states = r(len(lengths), hv, dk, dv) * 0.1
+    ref = varlen.chunk_varlen(q, k, v, gate, beta, states, lengths, name="torch")
+    got = varlen.chunk_varlen(q, k, v, gate, beta, states, lengths, name="fla")
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)

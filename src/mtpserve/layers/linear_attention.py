@@ -15,8 +15,9 @@ State I/O follows engine/state_cache.py: each sequence starts from its slot's co
 and leaves the state after its last token there; sequences with a scratch row also leave the
 state after every query token in the scratch buffers (speculative verify). Sequences with at
 most ``SMALL_QUERY`` tokens (decode, verify, short chunks) share one padded recurrent pass; longer
-ones (prefill chunks) each take the chunked form. On CUDA the padded pass is two Triton kernels
-(kernels/gated_delta_rule_triton.py) instead of dozens of small PyTorch ops.
+ones (prefill chunks) take the chunked form, all in one call (kernels/gated_delta_rule_varlen.py:
+sequence by sequence, or one flash-linear-attention call). On CUDA the padded pass is two Triton
+kernels (kernels/gated_delta_rule_triton.py) instead of dozens of small PyTorch ops.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from mtpserve.distributed import get_tp_rank, get_tp_size
 from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.state_cache import LinearAttnShape
 from mtpserve.kernels.dispatch import use_triton
-from mtpserve.kernels.gated_delta_rule import (causal_conv1d, chunk_gated_delta_rule,
-                                               conv_states, recurrent_gated_delta_rule)
+from mtpserve.kernels.gated_delta_rule import (causal_conv1d, conv_states,
+                                               recurrent_gated_delta_rule)
+from mtpserve.kernels.gated_delta_rule_varlen import chunk_varlen
 from mtpserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 SMALL_QUERY = 16
@@ -267,8 +269,8 @@ class GatedDeltaNet(nn.Module):
             beta, g = self._gates(b, a, plan)
             if not fused and plan.num_small:
                 self._run_small(plan, mixed, g, beta, core, cache)
-            for start, end, slot in plan.large:
-                self._run_chunked(start, end, slot, mixed, g, beta, core, cache)
+            if plan.large:
+                self._run_large(plan.large, mixed, g, beta, core, cache)
         out = self.norm(core, z).reshape(x.shape[0], -1)
         return self.out_proj(out)
 
@@ -312,12 +314,24 @@ class GatedDeltaNet(nn.Module):
         if not direct:
             core[slice(None) if p.token_index is None else p.token_index] = _unpad(o, p)
 
-    def _run_chunked(self, start, end, slot, mixed, g, beta, core, cache) -> None:
+    def _run_large(self, large, mixed, g, beta, core, cache) -> None:
+        """The chunked form over ``large`` ((start, end, slot) of each long sequence): its
+        causal conv sequence by sequence, then the gated delta rule for all of them in one call
+        (kernels/gated_delta_rule_varlen.py)."""
         conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
-        out, window = causal_conv1d(mixed[None, start:end], conv_c[slot][None],
-                                    self.conv1d.weight)
-        conv_c[slot] = window[0, -(self.kernel - 1):].transpose(0, 1)
-        q, k, v = self._heads(out[0])
-        o, final = chunk_gated_delta_rule(q, k, v, g[start:end], beta[start:end], ssm_c[slot])
-        ssm_c[slot] = final
-        core[start:end] = o.to(core.dtype)
+        outs = []
+        for start, end, slot in large:
+            out, window = causal_conv1d(mixed[None, start:end], conv_c[slot][None],
+                                        self.conv1d.weight)
+            conv_c[slot] = window[0, -(self.kernel - 1):].transpose(0, 1)
+            outs.append(out[0])
+        q, k, v = self._heads(torch.cat(outs) if len(outs) > 1 else outs[0])
+        rows = [i for start, end, _ in large for i in range(start, end)]
+        index = None if rows == list(range(rows[0], rows[0] + len(rows))) else \
+            to_device(rows, torch.int64, core.device)
+        span = slice(rows[0], rows[0] + len(rows)) if index is None else index
+        slots = to_device([slot for _, _, slot in large], torch.int64, ssm_c.device)
+        o, final = chunk_varlen(q, k, v, g[span], beta[span], ssm_c[slots],
+                                [end - start for start, end, _ in large])
+        ssm_c[slots] = final.to(ssm_c.dtype)
+        core[span] = o.to(core.dtype)
