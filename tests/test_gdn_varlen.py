@@ -61,6 +61,24 @@ def test_the_backend_comes_from_the_environment(monkeypatch):
         varlen.backend()
 
 
+def test_an_unusable_backend_stops_the_engine_at_start(monkeypatch, tmp_path):
+    """``MTPSERVE_GDN_PREFILL`` is checked when the model is built, not at the first prefill:
+    an unknown name, or fla without fla-core, fails there with a clear error."""
+    import importlib.util
+
+    from hybrid_checkpoint import random_mtp_checkpoint
+    from mtpserve import LLM
+
+    path = random_mtp_checkpoint(tmp_path / "tiny")[0]
+    monkeypatch.setenv("MTPSERVE_GDN_PREFILL", "flash")
+    with pytest.raises(ValueError, match="MTPSERVE_GDN_PREFILL must be one of"):
+        LLM(str(path), dtype="float32", max_model_len=64, num_kv_blocks=32, block_size=4)
+    if importlib.util.find_spec("fla") is None:
+        monkeypatch.setenv("MTPSERVE_GDN_PREFILL", "fla")
+        with pytest.raises(ImportError, match="fla"):
+            LLM(str(path), dtype="float32", max_model_len=64, num_kv_blocks=32, block_size=4)
+
+
 def test_a_hybrid_prefill_of_several_prompts_is_the_same_through_the_packed_call(monkeypatch,
                                                                                  tmp_path):
     """The engine on a tiny Qwen3-Next checkpoint: prompts long enough for the chunked form

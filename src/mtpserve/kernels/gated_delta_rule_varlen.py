@@ -8,9 +8,11 @@ steps of 64 x 128 tokens took 190-620 ms, BENCHMARKS.md session 11). flash-linea
 PyPI) runs all sequences of a step in one varlen call (``cu_seqlens``, as FlashAttention's API).
 
 Backends, chosen by the environment variable ``MTPSERVE_GDN_PREFILL``:
-- ``torch`` (default): the reference, sequence by sequence;
+- ``torch`` (default): the reference, sequence by sequence (the layer then runs each sequence
+  on its own, states in place: layers/linear_attention.py ``_run_chunked``);
 - ``fla``: one fla call (CUDA, fla-core installed). Not yet the default: its numbers against the
-  reference and its speed are to be measured on the H200 (tests/test_gpu.py).
+  reference and its speed are to be measured on the H200 (tests/test_gpu.py), and so is the
+  memory of its copies of every sequence's state, which the memory profile does not see.
 """
 
 from __future__ import annotations

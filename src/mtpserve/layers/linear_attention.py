@@ -33,9 +33,10 @@ from mtpserve.distributed import get_tp_rank, get_tp_size
 from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.state_cache import LinearAttnShape
 from mtpserve.kernels.dispatch import use_triton
-from mtpserve.kernels.gated_delta_rule import (causal_conv1d, conv_states,
-                                               recurrent_gated_delta_rule)
-from mtpserve.kernels.gated_delta_rule_varlen import chunk_varlen
+from mtpserve.kernels.gated_delta_rule import (causal_conv1d, chunk_gated_delta_rule,
+                                               conv_states, recurrent_gated_delta_rule)
+from mtpserve.kernels.gated_delta_rule_varlen import backend as gdn_prefill_backend
+from mtpserve.kernels.gated_delta_rule_varlen import chunk_varlen, fla_chunk
 from mtpserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 SMALL_QUERY = 16
@@ -195,11 +196,15 @@ class GatedDeltaNet(nn.Module):
     ``state_shape`` gives their sizes on this rank (conv_dim = 2 * key_dim + value_dim).
 
     Raises:
-        ValueError: when the head counts do not divide over the TP ranks.
+        ValueError: when the head counts do not divide over the TP ranks, or
+            ``MTPSERVE_GDN_PREFILL`` names no backend.
+        ImportError: ``MTPSERVE_GDN_PREFILL=fla`` without fla-core installed.
     """
 
     def __init__(self, cfg: ModelConfig, state_idx: int):
         super().__init__()
+        if gdn_prefill_backend() == "fla":   # at start, not at the first prefill
+            fla_chunk()
         hf, tp = cfg.hf_config, get_tp_size()
         nk, nv = hf.linear_num_key_heads, hf.linear_num_value_heads
         if nk % tp or nv % nk:
@@ -269,8 +274,11 @@ class GatedDeltaNet(nn.Module):
             beta, g = self._gates(b, a, plan)
             if not fused and plan.num_small:
                 self._run_small(plan, mixed, g, beta, core, cache)
-            if plan.large:
-                self._run_large(plan.large, mixed, g, beta, core, cache)
+            if plan.large and gdn_prefill_backend() == "fla":
+                self._run_large_packed(plan.large, mixed, g, beta, core, cache)
+            else:
+                for start, end, slot in plan.large:
+                    self._run_chunked(start, end, slot, mixed, g, beta, core, cache)
         out = self.norm(core, z).reshape(x.shape[0], -1)
         return self.out_proj(out)
 
@@ -314,10 +322,24 @@ class GatedDeltaNet(nn.Module):
         if not direct:
             core[slice(None) if p.token_index is None else p.token_index] = _unpad(o, p)
 
-    def _run_large(self, large, mixed, g, beta, core, cache) -> None:
-        """The chunked form over ``large`` ((start, end, slot) of each long sequence): its
-        causal conv sequence by sequence, then the gated delta rule for all of them in one call
-        (kernels/gated_delta_rule_varlen.py)."""
+    def _run_chunked(self, start, end, slot, mixed, g, beta, core, cache) -> None:
+        """The chunked form over one long sequence (tokens ``start .. end - 1``, state
+        ``slot``): its states are read and written in place, no copy of all of a step's."""
+        conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
+        out, window = causal_conv1d(mixed[None, start:end], conv_c[slot][None],
+                                    self.conv1d.weight)
+        conv_c[slot] = window[0, -(self.kernel - 1):].transpose(0, 1)
+        q, k, v = self._heads(out[0])
+        o, final = chunk_gated_delta_rule(q, k, v, g[start:end], beta[start:end], ssm_c[slot])
+        ssm_c[slot] = final
+        core[start:end] = o.to(core.dtype)
+
+    def _run_large_packed(self, large, mixed, g, beta, core, cache) -> None:
+        """The chunked form over ``large`` ((start, end, slot) of each long sequence) with
+        ``MTPSERVE_GDN_PREFILL=fla``: the causal conv sequence by sequence, then the gated delta
+        rule for all of them in one call (kernels/gated_delta_rule_varlen.py). Takes a copy of
+        every sequence's SSM state, twice (in and out): [N, Hv, Dk, Dv] float32 each, which the
+        memory profile's single-sequence prefill does not see."""
         conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
         outs = []
         for start, end, slot in large:
