@@ -23,17 +23,10 @@ import statistics
 import time
 from collections import defaultdict
 
-from mtpserve.bench.random_model import random_model_files
-from mtpserve.config import EngineConfig, SpeculativeConfig
+from gpu_mtp_speedup import build
+from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
 from mtpserve.sampling_params import SamplingParams
-
-
-def build(shape: str, device: str, spec: SpeculativeConfig | None, seqs: int) -> LLMEngine:
-    dtype = "bfloat16" if device == "cuda" else "float32"
-    cfg = EngineConfig(dtype=dtype, device=device, max_model_len=1024, max_num_seqs=seqs,
-                       gpu_memory_utilization=0.4, speculative=spec)
-    return LLMEngine(cfg, files=random_model_files(shape, device=device))
 
 
 class StepLog:
@@ -142,7 +135,7 @@ def main() -> None:
     rows = {}
     spec = SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=True)
     for name, cfg in (("off", None), ("on", spec)):
-        eng = build(a.shape, a.device, cfg, seqs)
+        eng = build(a.shape, a.device, cfg, max_num_seqs=seqs)
         eng.warmup()
         for n in a.concurrency:
             for rnd in ("cold", "warm"):

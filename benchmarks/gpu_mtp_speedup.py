@@ -41,9 +41,10 @@ from mtpserve.spec.pending_drafts import PendingDrafts
 PROMPT = [(7 * j) % 500 + 2 for j in range(128)]
 
 
-def build(shape: str, device: str, spec: SpeculativeConfig | None) -> LLMEngine:
+def build(shape: str, device: str, spec: SpeculativeConfig | None,
+          max_num_seqs: int = 8) -> LLMEngine:
     dtype = "bfloat16" if device == "cuda" else "float32"
-    cfg = EngineConfig(dtype=dtype, device=device, max_model_len=1024, max_num_seqs=8,
+    cfg = EngineConfig(dtype=dtype, device=device, max_model_len=1024, max_num_seqs=max_num_seqs,
                        gpu_memory_utilization=0.4, speculative=spec)
     return LLMEngine(cfg, files=random_model_files(shape, device=device))
 

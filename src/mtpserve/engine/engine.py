@@ -180,13 +180,13 @@ class LLMEngine:
             outputs.extend(self._postprocess(s))
         emitted = sum(len(o.new_token_ids) for o in outputs)
         self.stats_logger.step(self, emitted)
-        self._record_for_policy(sched, emitted, time.perf_counter() - t0,
-                                after_plain=not self._drafted)
+        after_plain = not self._drafted
+        self._record_for_policy(sched, emitted, time.perf_counter() - t0, after_plain)
         self._done_at = time.perf_counter()
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, batch.num_seqs, time.perf_counter() - t0,
-                                   graphs.step_cost(batch.num_tokens), after_plain=not self._drafted)
+                                   graphs.step_cost(batch.num_tokens), after_plain)
         self._drafted = items is not None
         return outputs
 

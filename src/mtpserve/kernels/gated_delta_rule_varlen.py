@@ -66,7 +66,7 @@ def chunk_varlen(q, k, v, g, beta, states, lengths: list[int], name: str | None 
     if (name or backend()) == "fla":
         return _fla(q, k, v, g, beta, states, lengths)
     outs, finals, start = [], [], 0
-    for n, (length, state) in enumerate(zip(lengths, states)):
+    for length, state in zip(lengths, states):
         end = start + length
         o, final = chunk_gated_delta_rule(q[start:end], k[start:end], v[start:end],
                                           g[start:end], beta[start:end], state)

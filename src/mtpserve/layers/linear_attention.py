@@ -322,14 +322,20 @@ class GatedDeltaNet(nn.Module):
         if not direct:
             core[slice(None) if p.token_index is None else p.token_index] = _unpad(o, p)
 
-    def _run_chunked(self, start, end, slot, mixed, g, beta, core, cache) -> None:
-        """The chunked form over one long sequence (tokens ``start .. end - 1``, state
-        ``slot``): its states are read and written in place, no copy of all of a step's."""
-        conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
+    def _conv(self, start, end, slot, mixed, cache) -> torch.Tensor:
+        """The causal conv of one long sequence's tokens ``start .. end - 1`` from its slot's
+        conv state, which it then replaces: [end - start, conv_dim]."""
+        conv_c = cache.conv[self.state_idx]
         out, window = causal_conv1d(mixed[None, start:end], conv_c[slot][None],
                                     self.conv1d.weight)
         conv_c[slot] = window[0, -(self.kernel - 1):].transpose(0, 1)
-        q, k, v = self._heads(out[0])
+        return out[0]
+
+    def _run_chunked(self, start, end, slot, mixed, g, beta, core, cache) -> None:
+        """The chunked form over one long sequence (tokens ``start .. end - 1``, state
+        ``slot``): its states are read and written in place, no copy of all of a step's."""
+        ssm_c = cache.ssm[self.state_idx]
+        q, k, v = self._heads(self._conv(start, end, slot, mixed, cache))
         o, final = chunk_gated_delta_rule(q, k, v, g[start:end], beta[start:end], ssm_c[slot])
         ssm_c[slot] = final
         core[start:end] = o.to(core.dtype)
@@ -340,18 +346,13 @@ class GatedDeltaNet(nn.Module):
         rule for all of them in one call (kernels/gated_delta_rule_varlen.py). Takes a copy of
         every sequence's SSM state, twice (in and out): [N, Hv, Dk, Dv] float32 each, which the
         memory profile's single-sequence prefill does not see."""
-        conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
-        outs = []
-        for start, end, slot in large:
-            out, window = causal_conv1d(mixed[None, start:end], conv_c[slot][None],
-                                        self.conv1d.weight)
-            conv_c[slot] = window[0, -(self.kernel - 1):].transpose(0, 1)
-            outs.append(out[0])
+        ssm_c = cache.ssm[self.state_idx]
+        outs = [self._conv(start, end, slot, mixed, cache) for start, end, slot in large]
         q, k, v = self._heads(torch.cat(outs) if len(outs) > 1 else outs[0])
         rows = [i for start, end, _ in large for i in range(start, end)]
-        index = None if rows == list(range(rows[0], rows[0] + len(rows))) else \
-            to_device(rows, torch.int64, core.device)
-        span = slice(rows[0], rows[0] + len(rows)) if index is None else index
+        span = (slice(rows[0], rows[0] + len(rows))
+                if rows == list(range(rows[0], rows[0] + len(rows)))
+                else to_device(rows, torch.int64, core.device))
         slots = to_device([slot for _, _, slot in large], torch.int64, ssm_c.device)
         o, final = chunk_varlen(q, k, v, g[span], beta[span], ssm_c[slots],
                                 [end - start for start, end, _ in large])
