@@ -75,17 +75,17 @@ load)     # no model needed, about 4 minutes: the adaptive MTP engine at batch 1
   ;;
 gate)     # no model needed, about 5 minutes: the gate's two-step probes and the fla prefill
   # (fla-core in .whl: ../shared/gpu/wheels.sh fla-core einops)
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "fla_varlen or overlap or drafts_ahead" 2>&1 \
+  timeout 110 python3 -m pytest -q tests/test_gpu.py -k "fla_varlen or overlap or drafts_ahead" 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 120 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
+  timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
     | grep -v "it/s" | tee "$OUT/adaptive.log" | grep -v policy
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
   for gdn in torch fla; do
-    MTPSERVE_GDN_PREFILL=$gdn timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
+    MTPSERVE_GDN_PREFILL=$gdn timeout 175 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
       --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
       --output-dir /tmp/bench-$gdn -- --dtype bfloat16 --speculative-algorithm nextn \
       --speculative-num-steps 3 2>&1 | tail -6
+    tar czf "$OUT/bench-$gdn.tgz" -C /tmp bench-$gdn   # each run's files, even if the next one is cut
   done
-  tar czf "$OUT/bench.tgz" -C /tmp bench-torch bench-fla
   ;;
 esac
