@@ -92,7 +92,8 @@ def policy_state(eng: LLMEngine, r: Run) -> dict:
     costs = [policy._relative_cost(m) for m in range(1, policy.k + 1)]
     gate = policy.gate.rates(1) if policy.gate is not None else None
     return dict(costs=costs, host_per_seq_ms=timer.host_per_seq * 1e3,
-                host_per_draft_ms=timer.host_per_draft * 1e3,
+                host_per_drafting_seq_ms=[timer.host_per_drafting_seq(m) * 1e3
+                                          for m in range(1, policy.k + 1)],
                 drafts_measured=timer.drafts_measured, gate_tok_s=gate,
                 slowest_ms=sorted((t * 1e3 for t in r.times), reverse=True)[:3],
                 first_ms=[t * 1e3 for t in r.times[:4]])

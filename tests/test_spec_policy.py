@@ -99,24 +99,51 @@ def test_measured_step_costs_stop_drafting_when_verify_steps_get_expensive():
     assert p.num_drafts(s) == 0
 
 
-def test_step_timer_learns_host_seconds_per_sequence_and_per_draft():
+def test_step_timer_learns_host_seconds_per_sequence_and_per_drafting_sequence():
     from mtpserve.engine.step_timer import StepTimer
 
     t = StepTimer(window=3, min_samples=2)
     t.record(64, 64, 0.005, None)      # no device time known: nothing learned
     t.record(64, 64, 0.005, 0.003)     # plain step: 2 ms of host time over 64 sequences
-    assert (t.host_per_seq, t.host_per_draft) == (0.0, 0.0)   # one sample is not enough
+    assert t.host_per_seq == 0.0       # one sample is not enough
     t.record(4, 4, 0.001, 0.003)       # faster than the device estimate: counts as zero
     assert t.host_per_seq == 0.001 / 64   # median of 2: their mean
     t.record(2, 2, 0.004, 0.003)       # 0.5 ms per sequence
     assert t.host_per_seq == 0.002 / 64   # median of 0.002 / 64, 0, 0.0005
-    # steps of 4 sequences with 12 drafts: what 4 sequences leave over goes to the drafts
+    # steps of 4 sequences with 3 drafts each: what 4 sequences leave over goes to the 4
     t.record(16, 4, 0.004, 0.003)
-    assert t.host_per_draft == 0.0 and not t.drafts_measured
+    assert t.host_per_drafting_seq(3) == 0.0 and not t.drafts_measured
     t.record(16, 4, 0.004, 0.003)
     assert t.drafts_measured
-    assert t.host_per_draft == pytest.approx((0.001 - 4 * 0.002 / 64) / 12)
-    assert t.host_seconds(16, 4) == 4 * t.host_per_seq + 12 * t.host_per_draft
+    per = (0.001 - 4 * 0.002 / 64) / 4
+    assert t.host_per_drafting_seq(3) == pytest.approx(per)
+    assert t.host_seconds(16, 4) == pytest.approx(4 * t.host_per_seq + 4 * per)
+    # 2 of the 8 sequences drafted 3 each (m = 3): the leftover is theirs alone
+    t.record(14, 8, 0.005, 0.003, num_drafting=2)
+    assert t.host_per_drafting_seq(3) == pytest.approx(
+        sorted([per, per, (0.002 - 8 * 0.002 / 64) / 2])[1])
+
+
+def test_step_timer_prices_an_unmeasured_draft_count_from_its_neighbours():
+    """Each m keeps its own samples: a drafting step of one draft teaches the cost of one draft
+    per sequence, not a price per draft token (H200, hybrid MoE MTP at batch 1: steps of m = 1
+    and m = 3 both add ~1 ms, the MTP chain runs whole; priced per draft, m = 1 steps made
+    three drafts cost 2.4 ms). An m not measured costs the nearest larger measured m, or above
+    them all the largest scaled by m."""
+    from mtpserve.engine.step_timer import StepTimer
+
+    t = StepTimer(min_samples=1)
+    t.record(2, 1, 2.40e-3, 1.50e-3)   # m = 1: 0.9 ms of drafting host time
+    assert [t.host_per_drafting_seq(m) for m in (1, 2, 3)] == pytest.approx(
+        [0.9e-3, 1.8e-3, 2.7e-3])   # only m = 1 seen: scaled by m above it
+    t.record(4, 1, 2.60e-3, 1.55e-3)   # m = 3: 1.05 ms
+    assert [t.host_per_drafting_seq(m) for m in (1, 2, 3, 6)] == pytest.approx(
+        [0.9e-3, 1.05e-3, 1.05e-3, 2.1e-3])
+    assert t.host_seconds(4, 1) == pytest.approx(1.05e-3)
+    assert t.host_seconds(64 * 3, 64) == pytest.approx(64 * 1.05e-3)   # m = 2: from m = 3
+    flat = StepTimer(min_samples=1, drafting_scales=False)   # an MTP chain runs whole
+    flat.record(2, 1, 2.40e-3, 1.50e-3)
+    assert [flat.host_per_drafting_seq(m) for m in (1, 2, 3)] == pytest.approx([0.9e-3] * 3)
 
 
 def test_one_slow_first_drafting_step_does_not_price_drafts_out():
@@ -128,27 +155,27 @@ def test_one_slow_first_drafting_step_does_not_price_drafts_out():
 
     t = StepTimer()
     for wall in (0.190, 0.0027, 0.0026):   # 1 + 3 tokens, 1.73 ms on the device
-        assert t.host_per_draft == 0.0
+        assert t.host_per_drafting_seq(3) == 0.0
         t.record(4, 1, wall, 0.00173)
-    assert t.host_per_draft == pytest.approx((0.0027 - 0.00173) / 3)
+    assert t.host_per_drafting_seq(3) == pytest.approx(0.0027 - 0.00173)
     for wall in (0.5, 0.6, 0.7, 0.8):   # slow steps win only once they are the majority
         t.record(4, 1, wall, 0.00173)
-    assert t.host_per_draft == pytest.approx((0.5 - 0.00173) / 3)
+    assert t.host_per_drafting_seq(3) == pytest.approx(0.5 - 0.00173)
 
 
 def test_the_first_drafting_step_after_plain_steps_is_not_a_price_per_draft():
     """A drafting step right after plain steps first catches the proposer up and drafts from
     scratch (H200, hybrid MoE MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step
-    that follows another and 1.26 ms for a plain step): the timer learns the per-draft time
+    that follows another and 1.26 ms for a plain step): the timer learns the drafting time
     from drafting steps that follow drafting steps only."""
     from mtpserve.engine.step_timer import StepTimer
 
     t = StepTimer(min_samples=1)
     t.record(4, 1, 5.5e-3, 1.73e-3, after_plain=True)    # the switch: not learned
-    assert t.host_per_draft == 0.0 and not t.drafts_measured
+    assert t.host_per_drafting_seq(3) == 0.0 and not t.drafts_measured
     t.record(4, 1, 2.66e-3, 1.73e-3, after_plain=False)  # drafting after drafting
     assert t.drafts_measured
-    assert t.host_per_draft == pytest.approx(0.93e-3 / 3)
+    assert t.host_per_drafting_seq(3) == pytest.approx(0.93e-3)
     t.record(1, 1, 1.5e-3, 1.26e-3, after_plain=True)    # plain steps learn either way
     assert t.host_per_seq == pytest.approx(0.24e-3)
 
@@ -309,6 +336,23 @@ def test_measured_drafting_steps_are_not_charged_the_proposer_twice():
     timer.record(4, 1, 2.66e-3, 1.73e-3)   # a whole 1 + 3 step: 0.93 ms beside the forward
     p.set_batch(1)
     assert p._relative_cost(3) == pytest.approx(2.66 / 1.26)
+
+
+def test_steps_of_one_draft_do_not_price_out_a_request_accepting_two_of_three():
+    """H200 session 12, the hybrid MoE's MTP engine at batch 1: steps that verified one draft
+    (wall ~2.4 ms) taught 0.80 ms *per draft*, so three drafts cost 2.4 ms of host time and a
+    request accepting 2 of 3 (1.44x when it drafts) was priced out: 0.99x. Per drafting
+    sequence, the same steps teach what a step of three drafts costs: the request drafts 3."""
+    from mtpserve.engine.step_timer import StepTimer
+
+    timer = StepTimer(min_samples=1, drafting_scales=False)   # as spec/__init__.py sets MTP's
+    for _ in range(3):
+        timer.record(2, 1, 2.43e-3, 1.45e-3)   # m = 1 steps: 0.98 ms beside the forward
+    p = _h200_like_policy(timer, prior=2 / 3)
+    s = seq()
+    p.set_batch(1)
+    assert p._relative_cost(3) == pytest.approx((1.73 + 0.98) / 1.26)
+    assert p.num_drafts(s) == 3   # E(3) = 2.41 tokens for 2.15 steps' time
 
 
 def test_a_probe_of_the_drafting_arm_prices_drafts_by_the_model():

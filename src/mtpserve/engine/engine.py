@@ -186,7 +186,8 @@ class LLMEngine:
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, batch.num_seqs, time.perf_counter() - t0,
-                                   graphs.step_cost(batch.num_tokens), after_plain)
+                                   graphs.step_cost(batch.num_tokens), after_plain,
+                                   sum(1 for s in sched.scheduled if s.draft_token_ids))
         self._drafted = items is not None
         return outputs
 

@@ -2,17 +2,28 @@
 
 A step's wall time is the device time of its forward (on CUDA: the measured replay time of the
 graph it used) plus host work: per sequence (scheduling, building its inputs, sampling and
-appending its token, detokenizing; an MTP proposer's observe) and per draft token on top
-(proposing it, verifying it, appending what is accepted). The speculation policy prices a
-verify step with both; ignoring the host part made n-gram drafting at 64 concurrent requests
-slower than none, and pricing per-step host time per token instead (every token of a verify
-step charged a plain step's host time per sequence) kept MTP at batch 1 from ever drafting.
+appending its token, detokenizing; an MTP proposer's observe) and, per sequence that carries
+drafts, the drafting on top (proposing, verifying, appending what is accepted; with async
+scheduling also the overlap that a drafting step loses). The speculation policy prices a verify
+step with both; ignoring the host part made n-gram drafting at 64 concurrent requests slower
+than none, and pricing per-step host time per token instead (every token of a verify step
+charged a plain step's host time per sequence) kept MTP at batch 1 from ever drafting.
 
 Plain steps (tokens == sequences) teach the time per sequence; steps with drafts teach the time
-per draft token, as what their host time leaves over the sequences' share. Until a few steps
-with drafts are seen, drafts are taken to cost no host time (the policy adds the proposer's
-modelled cost instead, and the load gate, spec/load_gate.py, vetoes drafting where it measures
-whole steps slower).
+per *drafting sequence* at their number of drafts per sequence m, as what their host time leaves
+over the sequences' share. Not per draft token: most of a drafting step's extra time does not
+grow with m (the step runs synchronously, reads its targets back once and launches one MTP chain
+graph, whose extra steps are small forwards of one layer). Charged per draft, a step of m = 1
+made its one draft cost what the whole step's drafting cost (H200, hybrid MoE MTP at batch 1:
+0.80 ms per draft learned in a run accepting 1 draft of 3, against 0.37 ms in one accepting all
+3; the former priced out the next run, accepting 2 of 3, which gains 1.44x when it drafts). Each
+m keeps its own samples; an m not measured yet costs what the nearest larger measured m costs
+(drafting more never costs less), or, above every measured m, what the largest costs: scaled by
+m where the proposer's work grows with m (``drafting_scales``: a draft model runs a forward per
+draft), as it is where it barely does (an MTP chain, n-gram look-ups). Until a few steps with
+drafts are seen, drafting is taken to cost no host time (the policy adds the proposer's modelled
+cost instead, and the load gate, spec/load_gate.py, vetoes drafting where it measures whole
+steps slower).
 
 The first step with drafts after steps without teaches nothing: the proposer first catches up on
 the plain steps (an MTP observes its backlog, spec/mtp_backlog.py; a draft model runs the tokens
@@ -30,8 +41,8 @@ from collections import deque
 
 
 class StepTimer:
-    """Host seconds per sequence and per draft token: the median of the last ``window`` samples
-    of each, 0 until ``min_samples`` are seen.
+    """Host seconds per sequence and per drafting sequence (by drafts per sequence m): the
+    median of the last ``window`` samples of each, 0 until ``min_samples`` are seen.
 
     A median, not a mean: one step can take 100x the others (a kernel compiled or a cuDNN plan
     built on first use, a garbage collection, GPU clocks still low), and an estimate that prices
@@ -41,41 +52,65 @@ class StepTimer:
     drafts; the policy explores on the load gate's probes (spec/policy.py).
     """
 
-    def __init__(self, window: int = 15, min_samples: int = 3):
-        self.min_samples = min_samples
-        self._samples = {"seq": deque(maxlen=window), "draft": deque(maxlen=window)}
+    def __init__(self, window: int = 15, min_samples: int = 3, drafting_scales: bool = True):
+        self.window, self.min_samples = window, min_samples
+        self.drafting_scales = drafting_scales   # see the module doc
+        self._per_seq: deque = deque(maxlen=window)
+        self._drafting: dict[int, deque] = {}   # m -> host seconds per drafting sequence
         self.host_per_seq = 0.0
-        self.host_per_draft = 0.0
 
     def record(self, num_tokens: int, num_seqs: int, wall: float, device: float | None,
-               after_plain: bool = False) -> None:
+               after_plain: bool = False, num_drafting: int | None = None) -> None:
         """A step of ``num_seqs`` sequences and ``num_tokens`` tokens (the drafts: the rest)
         took ``wall`` seconds, ``device`` of them on the device (None: unknown, nothing
-        learned). ``after_plain``: the step before it verified no drafts (a step with drafts
-        is then a switch, not learned from: see the module doc)."""
+        learned). ``num_drafting``: the sequences that carried drafts (None: all of them).
+        ``after_plain``: the step before it verified no drafts (a step with drafts is then a
+        switch, not learned from: see the module doc)."""
         if device is None or num_seqs <= 0 or num_tokens < num_seqs:
             return
-        if after_plain and num_tokens > num_seqs:
+        drafts = num_tokens - num_seqs
+        if after_plain and drafts:
             return
         host = max(0.0, wall - device)
-        if num_tokens == num_seqs:
-            self.host_per_seq = self._add("seq", host / num_seqs)
-        else:
-            left = max(0.0, host - self.host_per_seq * num_seqs)
-            self.host_per_draft = self._add("draft", left / (num_tokens - num_seqs))
+        if not drafts:
+            self._per_seq.append(host / num_seqs)
+            if len(self._per_seq) >= self.min_samples:
+                self.host_per_seq = statistics.median(self._per_seq)
+            return
+        drafting = min(num_seqs, num_drafting or num_seqs)
+        left = max(0.0, host - self.host_per_seq * num_seqs)
+        m = max(1, round(drafts / drafting))
+        self._drafting.setdefault(m, deque(maxlen=self.window)).append(left / drafting)
+
+    def _measured(self) -> dict[int, float]:
+        """m -> median host seconds per drafting sequence, for each m with enough samples."""
+        return {m: statistics.median(d) for m, d in self._drafting.items()
+                if len(d) >= self.min_samples}
 
     @property
     def drafts_measured(self) -> bool:
-        """Whether enough steps with drafts were timed for ``host_per_draft`` (which then holds
-        the proposer's work) to count."""
-        return len(self._samples["draft"]) >= self.min_samples
+        """Whether enough steps with drafts were timed for the drafting host time (which then
+        holds the proposer's work) to count."""
+        return bool(self._measured())
+
+    def host_per_drafting_seq(self, m: int) -> float:
+        """Host seconds a sequence verifying ``m`` drafts adds over a plain one (module doc:
+        an unmeasured m costs the nearest larger measured m, or the largest one's, scaled by m
+        if ``drafting_scales``)."""
+        measured = self._measured()
+        if not measured:
+            return 0.0
+        larger = [k for k in measured if k >= m]
+        if larger:
+            return measured[min(larger)]
+        top = max(measured)
+        return measured[top] * (m / top if self.drafting_scales else 1.0)
 
     def host_seconds(self, num_tokens: int, num_seqs: int) -> float:
-        """Predicted host seconds of a step of ``num_seqs`` sequences and ``num_tokens`` tokens."""
-        return self.host_per_seq * num_seqs + self.host_per_draft * (num_tokens - num_seqs)
-
-    def _add(self, key: str, sample: float) -> float:
-        """Record ``sample`` under ``key``; return the estimate (0 until ``min_samples``)."""
-        samples = self._samples[key]
-        samples.append(sample)
-        return statistics.median(samples) if len(samples) >= self.min_samples else 0.0
+        """Predicted host seconds of a step of ``num_seqs`` sequences and ``num_tokens`` tokens,
+        the drafts spread evenly over all sequences."""
+        drafts = num_tokens - num_seqs
+        host = self.host_per_seq * num_seqs
+        if drafts > 0:
+            host += num_seqs * self.host_per_drafting_seq(max(1, round(drafts / num_seqs)))
+        return host

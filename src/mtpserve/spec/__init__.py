@@ -59,9 +59,12 @@ MTP_PRIOR = 0.8
 
 
 def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
-            prior: float = 0.6) -> DraftLengthPolicy | None:
+            prior: float = 0.6, flat: bool = False) -> DraftLengthPolicy | None:
     """The adaptive draft-length policy; ``draft_cost`` is the proposer's cost per draft token
-    in target decode steps, ``prior`` its starting acceptance estimate per request."""
+    in target decode steps, ``prior`` its starting acceptance estimate per request; ``flat``:
+    the proposer's work barely grows with the drafts per sequence (an MTP chain: one graph,
+    whose extra steps are small forwards of one layer), so the step timer does not scale a
+    measured drafting time by the drafts (engine/step_timer.py)."""
     if not spec.adaptive:
         return None
     alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
@@ -77,6 +80,7 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
     # the measured veto needs steady step times: CUDA graphs (on the CPU, the cost model alone)
     gate = LoadGate() if runner.device.type == "cuda" else None
     timer = engine.step_timer
+    timer.drafting_scales = draft_cost > 0 and not flat   # engine/step_timer.py
     return DraftLengthPolicy(spec.num_steps, alpha + draft_cost, prior=prior,
                              step_cost=step_cost, draft_cost=draft_cost, gate=gate,
                              drafts_measured=lambda: timer.drafts_measured)
@@ -112,7 +116,7 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
                          model=target.mtp, num_blocks=engine.runner.num_blocks)
     layers = engine.model_config.num_hidden_layers
     return MTPProposer(spec.num_steps, target, runner, engine.eos_token_ids,
-                       _policy(spec, engine, 2.0 / layers, MTP_PRIOR), head=head)
+                       _policy(spec, engine, 2.0 / layers, MTP_PRIOR, flat=True), head=head)
 
 
 def _draft_head(spec: SpeculativeConfig, engine):
