@@ -23,6 +23,7 @@ import statistics
 import time
 from collections import defaultdict
 
+import torch
 from gpu_mtp_speedup import build
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
@@ -32,8 +33,9 @@ from mtpserve.sampling_params import SamplingParams
 class StepLog:
     """Wraps an engine's step kinds and its proposer's drafting and catch-up, and times them."""
 
-    def __init__(self, eng: LLMEngine):
-        self.eng = eng
+    def __init__(self, eng: LLMEngine, sync_catch_ups: bool = False):
+        self.eng, self.sync_catch_ups = eng, sync_catch_ups
+        self.catch_up_ms: list[float] = []
         self.ms = defaultdict(list)       # kind -> wall ms of each step of that kind
         self.drafting_seqs: list[int] = []
         self._wrapped: list[tuple[object, str]] = []
@@ -72,9 +74,17 @@ class StepLog:
 
     def _catch_up(self, f):
         n = self.eng.proposer.backlog.num_tokens
-        if n:
-            self.catch_ups.append(n)
-        return f()
+        if not n:
+            return f()
+        self.catch_ups.append(n)
+        if self.sync_catch_ups:   # its device time: synchronize around it (breaks overlap)
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = f()
+        if self.sync_catch_ups:
+            torch.cuda.synchronize()
+        self.catch_up_ms.append((time.perf_counter() - t) * 1e3)
+        return out
 
     def summary(self) -> dict:
         kinds = {k: dict(steps=len(v), median_ms=round(statistics.median(v), 3),
@@ -85,7 +95,9 @@ class StepLog:
             out.update(drafting_steps=len(self.drafting_seqs),
                        seqs_per_drafting_step=(round(statistics.mean(self.drafting_seqs), 1)
                                                if self.drafting_seqs else 0),
-                       catch_ups=len(self.catch_ups), catch_up_positions=sum(self.catch_ups))
+                       catch_ups=len(self.catch_ups), catch_up_positions=sum(self.catch_ups),
+                       catch_up_ms=dict(max=round(max(self.catch_up_ms, default=0), 1),
+                                        total=round(sum(self.catch_up_ms), 1)))
             gate = self.eng.proposer.policy.gate if self.eng.proposer.policy else None
             if gate is not None:
                 out["gate_tok_s"] = {f"<={2 ** b}": {("drafting" if k else "plain"): round(r)
@@ -94,10 +106,11 @@ class StepLog:
         return out
 
 
-def load(eng: LLMEngine, n: int, new: int) -> tuple[float, StepLog]:
+def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False
+         ) -> tuple[float, StepLog]:
     """``n`` greedy requests added at once; (total tok/s from the first step to the last, the
     step log of this load)."""
-    log = StepLog(eng)
+    log = StepLog(eng, sync_catch_ups)
     for i in range(n):
         prompt = [(7 * j + 13 * i) % 500 + 2 for j in range(128)]
         eng.add_request(f"r{i}-{time.monotonic_ns()}", prompt,
@@ -126,6 +139,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--json")
     ap.add_argument("--log-compiles", help="append each Triton compile to this file")
+    ap.add_argument("--sync-catch-ups", action="store_true",
+                    help="time each MTP catch-up on the device (synchronizes around it)")
     a = ap.parse_args()
     if a.log_compiles:
         from triton_compile_log import log_compiles
@@ -140,7 +155,7 @@ def main() -> None:
         for n in a.concurrency:
             for rnd in ("cold", "warm"):
                 _mark(a.log_compiles, f"{name} c={n} {rnd}")
-                tok_s, log = load(eng, n, a.new)
+                tok_s, log = load(eng, n, a.new, a.sync_catch_ups)
                 summary = log.summary()
                 rows.setdefault(f"{n} {rnd}", {})[name] = dict(tok_s=round(tok_s, 1), **summary)
                 print(f"{name:>3} c={n:<3} {rnd} {tok_s:9.1f} tok/s  {json.dumps(summary)}",

@@ -217,7 +217,7 @@ def test_a_probe_replaces_its_arms_stale_figure():
     to the probe's step."""
     from mtpserve.spec.load_gate import LoadGate
 
-    g = LoadGate(probe_every=4)
+    g = LoadGate(probe_every=4, probe_budget=1.0)   # the probe budget never binds here
     for drafted, tps in ((True, 300.0), (False, 500.0)) * 5:   # steps 1-10
         g.allow(1)
         g.record(1, drafted, tokens=1, seconds=1 / tps)
@@ -245,7 +245,7 @@ def test_probes_that_confirm_the_veto_come_ever_less_often():
     requests whose drafts were all rejected cost 20 ms, 4.6 plain steps."""
     from mtpserve.spec.load_gate import LoadGate
 
-    g = LoadGate(probe_every=4, max_probe_every=16)
+    g = LoadGate(probe_every=4, max_probe_every=16, probe_budget=1.0)   # budget: never binds
     drafting, last = [], True
 
     def step(n: int, drafted_tps: float) -> None:
@@ -268,6 +268,37 @@ def test_probes_that_confirm_the_veto_come_ever_less_often():
     for n in range(62, 66):
         step(n, 1500.0)
     assert drafting[-5:] == [60, 61, 62, 63, 65]      # 64: plain probed 4 steps after 60
+
+
+def test_a_lost_drafting_probe_is_spaced_by_what_it_cost():
+    """Past the doubling cap, a drafting probe that lost comes back only once its cost is within
+    3% of the plain decoding time in between. H200 figures, every draft rejected: at batch 1 the
+    switch costs 5.5 ms and the next drafting step 2.6 ms, 1 token each, against 1.26 ms plain
+    steps (5.58 ms lost: 148 steps); at 64 requests the switch, with the MTP catching up, ~60
+    ms and the next 17 ms, 64 tokens each, against 4.4 ms plain steps (68 ms lost: 517 steps)."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    def interval_after_lost_probe(n: int, plain_s: float, switch_s: float, next_s: float):
+        g = LoadGate(probe_every=16)   # intervals double up to 64, the budget's up to 1024
+        g.record(n, True, tokens=n, seconds=next_s)
+        g.record(n, False, tokens=n, seconds=plain_s)     # both arms measured: drafting loses
+        allowed = [g.allow(n) for _ in range(17)]
+        assert allowed == [False] * 15 + [True, True]   # the probe at step 16, two steps
+        g.record(n, True, tokens=n, seconds=switch_s, switch=True)
+        g.record(n, True, tokens=n, seconds=next_s)      # lost again
+        steps = 17
+        while not g.allow(n):
+            g.record(n, False, tokens=n, seconds=plain_s)
+            steps += 1
+        return steps + 1 - 16   # from the probe's step to the next probe
+
+    assert interval_after_lost_probe(1, 1.26e-3, 5.5e-3, 2.6e-3) == 148
+    assert interval_after_lost_probe(64, 4.4e-3, 60e-3, 17e-3) == 517
+    assert interval_after_lost_probe(64, 4.4e-3, 400e-3, 17e-3) == 1024   # at most 64 x 16
+    # a cheap lost probe keeps the doubling: 16 -> 32 steps
+    assert interval_after_lost_probe(1, 1.26e-3, 1.3e-3, 1.3e-3) == 32
+    with pytest.raises(ValueError, match="probe_budget"):
+        LoadGate(probe_budget=0)
 
 
 def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():

@@ -26,12 +26,20 @@ epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2):
   against 4.4 ms for a plain step, and one in 32 steps made the MTP server 0.80x plain decoding
   there. The cap bounds how late a request that would gain is found (128 steps by default: a
   cap of 16 x left most simulated 128-token requests that accept every draft undrafted).
+- Past that cap, a drafting probe that lost is spaced so that what it cost stays within
+  ``probe_budget`` (3%) of the bucket's plain decoding time: its steps' seconds (the switch
+  included) less the time plain steps take to emit the same tokens, over ``probe_budget`` x a
+  plain step's seconds, is the least interval to the next probe. At batch 1 a lost MTP probe
+  costs ~5.6 ms (5.5 + 2.6 ms against 2 x 1.26), so the next comes after ~150 steps, near the
+  cap; at 64 requests one cost ~30-70 ms against 4.4 ms plain steps (H200, session 12: the MTP
+  server 0.87x plain decoding there with every draft rejected), so probes come ~500 steps apart.
 - A new bucket whose nearest smaller measured bucket vetoes drafting starts from that bucket's
   figures instead of exploring: a verify step's relative cost only grows with the batch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -45,6 +53,7 @@ class _Bucket:
     next_probe: int = 0         # the step (count of allow() calls) that probes next
     probe_step: int = 0         # the step of the last probe
     burst: int = 0              # drafting steps still to allow for the probe or exploration
+    probe_loss: float = 0.0     # seconds the drafting probe in flight cost over plain steps
 
 
 class LoadGate:
@@ -54,14 +63,18 @@ class LoadGate:
         probe_every: one step in this many takes the arm the gate would not choose (>= 2; two
             steps for drafting), as long as probes overturn the choice; each probe that confirms
             it doubles the interval, up to ``max_probe_every`` (default 4 x ``probe_every``);
-        decay: weight of the old figure when a step of the same arm is recorded (0..1).
+        decay: weight of the old figure when a step of the same arm is recorded (0..1);
+        probe_budget: the most a lost drafting probe may cost, as a fraction of the plain
+            decoding time until the next one (module doc), up to ``64 x probe_every`` steps.
     """
 
     def __init__(self, probe_every: int = 32, decay: float = 0.8,
-                 max_probe_every: int | None = None):
+                 max_probe_every: int | None = None, probe_budget: float = 0.03):
         if probe_every < 2:
             raise ValueError(f"probe_every must be at least 2, got {probe_every}")
-        self.probe_every, self.decay = probe_every, decay
+        if probe_budget <= 0:
+            raise ValueError(f"probe_budget must be positive, got {probe_budget}")
+        self.probe_every, self.decay, self.probe_budget = probe_every, decay, probe_budget
         self.max_probe_every = max(probe_every, max_probe_every or 4 * probe_every)
         self._buckets: dict[int, _Bucket] = {}
 
@@ -124,9 +137,13 @@ class LoadGate:
         """A decode step of ``num_seqs`` sequences emitted ``tokens`` tokens in ``seconds``
         (whole engine step: drafting, forward, verification, output). ``switch``: a drafting
         step right after a step without drafts (not recorded: see the module doc)."""
-        if seconds <= 0 or tokens <= 0 or (drafted and switch):
+        if seconds <= 0 or tokens <= 0:
             return
         b = self._get(num_seqs)
+        if drafted and b.probe is True and b.rate.get(False):   # the probe's cost, switch too
+            b.probe_loss += seconds - tokens / b.rate[False]
+        if drafted and switch:
+            return
         n = b.count[drafted] = b.count.get(drafted, 0) + 1
         # a plain mean over the first steps (one slow first step must not decide for long), then
         # exponential forgetting; a probe's step replaces its arm's figure, which is stale by
@@ -141,15 +158,22 @@ class LoadGate:
         old = b.rate.get(drafted, 0.0)
         b.rate[drafted] = old + w * (tokens / seconds - old)
         if probe:
-            self._back_off(b, drafted)
+            self._back_off(b, drafted, num_seqs)
 
-    def _back_off(self, b: _Bucket, probed: bool) -> None:
+    def _back_off(self, b: _Bucket, probed: bool, num_seqs: int) -> None:
         """After a probe of the arm ``probed`` was recorded: double the interval to the next
-        probe if the other arm is still the faster, else go back to ``probe_every``."""
+        probe if the other arm is still the faster, and for a lost drafting probe keep its
+        cost within ``probe_budget`` of the plain steps until the next (module doc); else go
+        back to ``probe_every``."""
         other = b.rate.get(not probed)
         confirmed = other is not None and b.rate[probed] < other
         b.interval = (min(2 * b.interval, self.max_probe_every) if confirmed
                       else self.probe_every)
+        if confirmed and probed and b.probe_loss > 0:
+            plain_step = num_seqs / other   # seconds of a plain step: one token per sequence
+            paid = math.ceil(b.probe_loss / (self.probe_budget * plain_step))
+            b.interval = max(b.interval, min(paid, 64 * self.probe_every))
+        b.probe_loss = 0.0
         b.next_probe = b.probe_step + b.interval
 
     def rates(self, num_seqs: int) -> tuple[float | None, float | None]:
