@@ -18,6 +18,7 @@ happened in.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -124,6 +125,22 @@ def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False
     return tokens / (time.perf_counter() - t), log
 
 
+@contextlib.contextmanager
+def _profiled(out_dir: str | None, name: str):
+    """With ``out_dir``: the torch profiler around the block, its costliest ops by device time
+    and by host time written to ``out_dir/{name}-kernels.txt``."""
+    if out_dir is None:
+        yield
+        return
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        yield
+    table = prof.key_averages()
+    with open(f"{out_dir}/{name}-kernels.txt", "w") as f:
+        f.write(table.table(sort_by="cuda_time_total", row_limit=45))
+        f.write(table.table(sort_by="self_cpu_time_total", row_limit=30))
+
+
 def _mark(path: str | None, text: str) -> None:
     """A line in the compile log: the compiles after it happened in this pass."""
     if path:
@@ -139,6 +156,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--json")
     ap.add_argument("--log-compiles", help="append each Triton compile to this file")
+    ap.add_argument("--torch-profile", metavar="DIR",
+                    help="profile the warm pass at the largest concurrency into DIR")
     ap.add_argument("--sync-catch-ups", action="store_true",
                     help="time each MTP catch-up on the device (synchronizes around it)")
     a = ap.parse_args()
@@ -155,7 +174,12 @@ def main() -> None:
         for n in a.concurrency:
             for rnd in ("cold", "warm"):
                 _mark(a.log_compiles, f"{name} c={n} {rnd}")
-                tok_s, log = load(eng, n, a.new, a.sync_catch_ups)
+                prof = (a.torch_profile and n == max(a.concurrency) and rnd == "warm")
+                with _profiled(a.torch_profile if prof else None, name):
+                    tok_s, log = load(eng, n, a.new, a.sync_catch_ups)
+                if prof:
+                    with open(f"{a.torch_profile}/{name}-steps.json", "w") as f:
+                        json.dump(dict(ms=log.ms, catch_up_ms=log.catch_up_ms), f)
                 summary = log.summary()
                 rows.setdefault(f"{n} {rnd}", {})[name] = dict(tok_s=round(tok_s, 1), **summary)
                 print(f"{name:>3} c={n:<3} {rnd} {tok_s:9.1f} tok/s  {json.dumps(summary)}",
