@@ -12,7 +12,7 @@
 #   (no model needed: the adaptive MTP engine at batch 1 and under load, time to ready with MTP);
 #   gate (no model needed: the fla prefill test, the adaptive MTP engine, bench --compare with the
 #   Gated DeltaNet prefill sequence by sequence and through fla); budget (no model needed: the
-#   adaptive MTP engine at batch 1, the load run at 16 and 64 with catch-ups timed, bench
+#   adaptive MTP engine at batch 1, the async-MTP GPU tests, the load run at 16 and 64, bench
 #   --compare).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
@@ -90,12 +90,14 @@ gate)     # no model needed, about 5 minutes: the gate's two-step probes and the
     tar czf "$OUT/bench-$gdn.tgz" -C /tmp bench-$gdn   # each run's files, even if the next one is cut
   done
   ;;
-budget)   # no model needed, about 6 minutes: the step timer per drafting sequence, the probe
-  # budget, and where the MTP engine's time goes at 64 requests (catch-ups timed on the device)
+budget)   # no model needed, about 7 minutes: the step timer per drafting sequence, the probe
+  # budget and the deferred catch-ups, where the MTP engine's time goes at 64 requests
   timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
     | grep -v "it/s" | tee "$OUT/adaptive.log" | grep -v policy
-  timeout 150 python3 benchmarks/gpu_mtp_load.py --concurrency 16 64 --sync-catch-ups \
-    --json "$OUT/load.json" 2>&1 | grep -v "it/s" > "$OUT/load.log"; tail -3 "$OUT/load.log"
+  timeout 100 python3 -m pytest -q tests/test_gpu.py -k "overlap or drafts_ahead" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -2
+  timeout 150 python3 benchmarks/gpu_mtp_load.py --concurrency 16 64 \
+    --json "$OUT/load.json" 2>&1 | grep -v "it/s" > "$OUT/load.log"; tail -4 "$OUT/load.log"
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
   timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
     --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
