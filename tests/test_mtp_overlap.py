@@ -142,8 +142,7 @@ def _generate(llm, prompts, params):
 
 
 CASES = {"default": {}, "chunked-prefill": dict(max_num_batched_tokens=5),
-         "preemption": dict(max_model_len=32, num_kv_blocks=10), "backlog-of-2-steps": {},
-         "backlog-deferred": {}}
+         "preemption": dict(max_model_len=32, num_kv_blocks=10), "backlog-of-2-steps": {}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -162,8 +161,6 @@ def test_plain_steps_overlap_and_drafts_stay_those_of_the_sync_engine(case):
         llm, log, counts = engine(overlap, **kw)
         if case == "backlog-of-2-steps":
             llm.engine.proposer.backlog.max_steps = 2
-        if case == "backlog-deferred":   # as if drafting stood vetoed: caught up only to draft
-            llm.engine.proposer.policy.gate.vetoes = lambda num_seqs: True
         ids = _generate(llm, prompts, params)
         m = llm.engine.spec_metrics
         runs[overlap] = (ids, log, counts, m.num_accepted_tokens, llm.engine)
@@ -204,24 +201,6 @@ def test_policy_that_drafts_nothing_lets_every_step_overlap():
     assert drafts == [[d for _, d in call] for call in log0] and len(log) >= 3
 
 
-def test_a_vetoing_gate_leaves_finished_sequences_unobserved():
-    """While the load gate vetoes drafting, the backlog is held past its 16 steps (up to its
-    token limit): sequences that finish before drafting resumes are never observed, so an MTP
-    engine whose drafts never pay runs no MTP forward at all; caught up every 16 steps, the
-    same requests take MTP forwards. Tokens are plain decoding's either way."""
-    prompts = held_out_prompts(3, 6)
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
-    forwards = {}
-    for vetoed in (False, True):
-        llm, log, counts = engine(True, (False,))
-        llm.engine.proposer.policy.gate.vetoes = lambda num_seqs, v=vetoed: v
-        assert _generate(llm, prompts, params) == want and log == []
-        forwards[vetoed] = counts["forwards"]
-        assert len(llm.engine.proposer.backlog) == 0 and not llm.engine.proposer.states
-    assert forwards == {False: 2, True: 0}
-
-
 def test_penalties_keep_mtp_steps_synchronous():
     """A request that reads its output so far (a repetition penalty) keeps every step
     synchronous, even when nothing drafts."""
@@ -251,15 +230,12 @@ def test_backlog_keeps_each_sequences_latest_run_of_positions():
         log.add(sched, hidden, hidden[:, 0].long() + 100)
 
     step((a, 1), (b, 2), (c, 1))          # a: 3, b: 0-1, c: 1      rows 0 | 1 2 | 3
-    assert not log.full()
+    assert not log.full
     a.num_computed_tokens = 0             # a preempted: recomputed from 0
     step((b, 1), (a, 2))                  # b: 2, a: 0-1            rows 4 | 5 6
     c.finish("abort")
     step((a, 1))                          # a: 2                    row 7
-    assert log.full() and len(log) == 3 and log.num_tokens == 8
-    assert not log.full(deferred=True)    # drafting vetoed: held up to its token limit
-    log.deferred_steps = 3
-    assert log.full(deferred=True)
+    assert log.full and len(log) == 3 and log.num_tokens == 8
     runs, hidden, ids = log.take()
     assert [(r.seq.request_id, r.start, r.rows) for r in runs] == [("a", 0, [5, 6, 7]),
                                                                   ("b", 0, [1, 2, 4])]

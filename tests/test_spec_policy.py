@@ -301,27 +301,6 @@ def test_a_lost_drafting_probe_is_spaced_by_what_it_cost():
         LoadGate(probe_budget=0)
 
 
-def test_the_gate_says_when_drafting_stands_vetoed():
-    """``vetoes``: both arms measured with plain steps faster, and no drafting probe under way
-    (the MTP then holds its backlog longer, spec/mtp_backlog.py)."""
-    from mtpserve.spec.load_gate import LoadGate
-
-    g = LoadGate(probe_every=4)
-    assert not g.vetoes(8)                                # nothing measured
-    g.record(8, True, tokens=8, seconds=0.004)
-    assert not g.vetoes(8)                                # plain not measured yet
-    g.record(8, False, tokens=8, seconds=0.002)           # plain twice as fast
-    assert g.vetoes(8) and g.vetoes(5) and not g.vetoes(16)
-    assert [g.allow(8) for _ in range(3)] == [False, False, False]
-    assert g.vetoes(8)
-    assert g.allow(8) is True and not g.vetoes(8)         # the probe's switch
-    assert g.allow(8) is True                             # ... its measured step, last of it
-    g.record(8, True, tokens=8, seconds=0.004, switch=True)
-    assert not g.vetoes(8)                                # its measure not recorded yet
-    g.record(8, True, tokens=32, seconds=0.004)           # drafting wins now
-    assert not g.vetoes(8)
-
-
 def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():
     """Drafting lost at 16 sequences: the bucket of 64 starts vetoed (no drafting step to
     explore it), its first plain step replaces the inherited plain figure, and it probes

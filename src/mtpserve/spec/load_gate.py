@@ -176,14 +176,6 @@ class LoadGate:
         b.probe_loss = 0.0
         b.next_probe = b.probe_step + b.interval
 
-    def vetoes(self, num_seqs: int) -> bool:
-        """Whether drafting stands vetoed in ``num_seqs``'s bucket: both arms measured, plain
-        steps faster, and no probe or exploration of drafting under way."""
-        b = self._buckets.get(self.bucket(num_seqs))
-        if b is None or len(b.rate) < 2 or b.burst or b.probe is True:
-            return False
-        return b.rate[True] < b.rate[False]
-
     def rates(self, num_seqs: int) -> tuple[float | None, float | None]:
         """(drafting, plain) tokens/s measured in ``num_seqs``'s bucket (None: not yet)."""
         b = self._buckets.get(self.bucket(num_seqs), _Bucket())

@@ -144,8 +144,7 @@ class MTPProposer(Proposer):
             if st is not None:   # its K/V comes in the catch-up's forward
                 st.shadow.num_computed_tokens += n
         self.backlog.add(sched, hidden, next_ids)
-        vetoes = getattr(self.policy.gate, "vetoes", None) if self.policy is not None else None
-        if self.backlog.full(vetoes is not None and vetoes(len(sched.scheduled))):
+        if self.backlog.full:
             self.catch_up()
 
     @torch.inference_mode()

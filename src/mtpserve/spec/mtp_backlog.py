@@ -10,12 +10,6 @@ drafting step, or when the backlog reaches its limit. An MTP step costs about wh
 layer does, so observing every plain step would keep an MTP engine whose drafts do not pay about
 one layer in num_layers + 1 slower than plain decoding; one forward over many positions costs
 little more than one over one (H200, batch 1: 0.4-0.8 ms for 3-15 positions).
-
-While the load gate vetoes drafting at the batch size running (spec/load_gate.py), no drafting
-step is near, and the backlog is held longer (``deferred_steps``, within the same token limit):
-positions of sequences that finish before drafting resumes are never observed at all. Caught up
-every 16 steps, the MTP engine whose drafts never paid spent ~6 ms per 1024 positions at 64
-requests (H200, session 12), ~9% of its 16 plain steps of 4.4 ms.
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ class ObserveBacklog:
 
     Args:
         max_tokens: positions held before the proposer must catch up (a prefill chunk alone
-            may reach it); max_steps: steps held before it must; deferred_steps: the same
-            while the load gate vetoes drafting (module doc). Default ``SMALL_QUERY`` (16):
+            may reach it); max_steps: steps held before it must. Default ``SMALL_QUERY`` (16):
             decode steps then leave each sequence a run of at most 16 positions, which the
             catch-up attends with the per-token Triton kernel and, within the graph token
             limit, replays from a captured MTP graph; a longer run (a prefill chunk in the
@@ -55,20 +48,17 @@ class ObserveBacklog:
             cost 9-12 ms, and measured so, drafting never looked worth it.
     """
 
-    def __init__(self, max_tokens: int, max_steps: int = SMALL_QUERY,
-                 deferred_steps: int = 1024):
-        self.max_tokens, self.max_steps, self.deferred_steps = max_tokens, max_steps, deferred_steps
+    def __init__(self, max_tokens: int, max_steps: int = SMALL_QUERY):
+        self.max_tokens, self.max_steps = max_tokens, max_steps
         self._steps: list[tuple[list[tuple[Sequence, int, int]], torch.Tensor, torch.Tensor]] = []
         self.num_tokens = 0
 
     def __len__(self) -> int:
         return len(self._steps)
 
-    def full(self, deferred: bool = False) -> bool:
-        """Whether the proposer must catch up now: ``max_tokens`` positions held, or
-        ``max_steps`` steps (``deferred_steps`` while drafting is vetoed: module doc)."""
-        steps = self.deferred_steps if deferred else self.max_steps
-        return self.num_tokens >= self.max_tokens or len(self._steps) >= steps
+    @property
+    def full(self) -> bool:
+        return self.num_tokens >= self.max_tokens or len(self._steps) >= self.max_steps
 
     def add(self, sched: SchedulerOutput, hidden: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Keep a launched plain step: ``sched`` (its sequences' ``num_computed_tokens``
