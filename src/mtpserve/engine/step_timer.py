@@ -57,6 +57,7 @@ class StepTimer:
         self.drafting_scales = drafting_scales   # see the module doc
         self._per_seq: deque = deque(maxlen=window)
         self._drafting: dict[int, deque] = {}   # m -> host seconds per drafting sequence
+        self._medians: dict[int, float] = {}     # m -> their median, once min_samples are seen
         self.host_per_seq = 0.0
 
     def record(self, num_tokens: int, num_seqs: int, wall: float, device: float | None,
@@ -80,12 +81,14 @@ class StepTimer:
         drafting = min(num_seqs, num_drafting or num_seqs)
         left = max(0.0, host - self.host_per_seq * num_seqs)
         m = max(1, round(drafts / drafting))
-        self._drafting.setdefault(m, deque(maxlen=self.window)).append(left / drafting)
+        samples = self._drafting.setdefault(m, deque(maxlen=self.window))
+        samples.append(left / drafting)
+        if len(samples) >= self.min_samples:
+            self._medians[m] = statistics.median(samples)
 
     def _measured(self) -> dict[int, float]:
         """m -> median host seconds per drafting sequence, for each m with enough samples."""
-        return {m: statistics.median(d) for m, d in self._drafting.items()
-                if len(d) >= self.min_samples}
+        return self._medians
 
     @property
     def drafts_measured(self) -> bool:
