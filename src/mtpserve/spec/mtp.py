@@ -492,8 +492,7 @@ class MTPProposer(Proposer):
     def capture_cuda_graphs(self) -> None:
         """Capture the MTP forwards once at start, like the target's, nothing off CUDA: the
         observe forwards (one MTP layer; see mtp_graph.py) and the greedy draft chain per
-        (sequences, drafts) (mtp_chain_graph.py). The backlog then holds at most the largest
-        observe graph's tokens, so that decode catch-ups replay a graph (mtp_backlog.py)."""
+        (sequences, drafts) (mtp_chain_graph.py)."""
         r = self.runner
         if r.device.type != "cuda":
             return
@@ -501,8 +500,6 @@ class MTPProposer(Proposer):
             from mtpserve.spec.mtp_graph import MTPGraphRunner
 
             r.capture_cuda_graphs(MTPGraphRunner)
-            if r.graphs is not None and r.graphs.sizes:   # catch-ups that replay a graph
-                self.backlog.max_tokens = min(self.backlog.max_tokens, r.graphs.sizes[-1])
         from mtpserve.spec.mtp_chain_graph import ChainGraphs
 
         graphs = ChainGraphs(self.chain, r.config.max_num_seqs,

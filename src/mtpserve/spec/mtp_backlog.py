@@ -10,11 +10,6 @@ drafting step, or when the backlog reaches its limit. An MTP step costs about wh
 layer does, so observing every plain step would keep an MTP engine whose drafts do not pay about
 one layer in num_layers + 1 slower than plain decoding; one forward over many positions costs
 little more than one over one (H200, batch 1: 0.4-0.8 ms for 3-15 positions).
-
-On CUDA the token limit is the largest captured MTP graph's (spec/mtp.py
-``capture_cuda_graphs``): a catch-up past it runs the MTP eagerly, host work per kernel, and at
-64 requests catch-ups of 1024 positions every 16 steps took ~6-13 ms each against 4.4 ms plain
-steps (H200, session 12: the MTP server 0.77-0.90x plain decoding with every draft rejected).
 """
 
 from __future__ import annotations
