@@ -91,7 +91,7 @@ gate)     # no model needed, about 5 minutes: the gate's two-step probes and the
   done
   ;;
 budget)   # no model needed, about 7 minutes: the step timer per drafting sequence, the probe
-  # budget and the deferred catch-ups, where the MTP engine's time goes at 64 requests
+  # budget, where the MTP engine's time goes at 64 requests
   timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
     | grep -v "it/s" | tee "$OUT/adaptive.log" | grep -v policy
   timeout 100 python3 -m pytest -q tests/test_gpu.py -k "overlap or drafts_ahead" 2>&1 \

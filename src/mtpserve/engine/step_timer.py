@@ -86,21 +86,17 @@ class StepTimer:
         if len(samples) >= self.min_samples:
             self._medians[m] = statistics.median(samples)
 
-    def _measured(self) -> dict[int, float]:
-        """m -> median host seconds per drafting sequence, for each m with enough samples."""
-        return self._medians
-
     @property
     def drafts_measured(self) -> bool:
         """Whether enough steps with drafts were timed for the drafting host time (which then
         holds the proposer's work) to count."""
-        return bool(self._measured())
+        return bool(self._medians)
 
     def host_per_drafting_seq(self, m: int) -> float:
         """Host seconds a sequence verifying ``m`` drafts adds over a plain one (module doc:
         an unmeasured m costs the nearest larger measured m, or the largest one's, scaled by m
         if ``drafting_scales``)."""
-        measured = self._measured()
+        measured = self._medians
         if not measured:
             return 0.0
         larger = [k for k in measured if k >= m]
