@@ -22,6 +22,8 @@ import contextlib
 import json
 import statistics
 import time
+import traceback
+import warnings
 from collections import defaultdict
 
 import torch
@@ -29,6 +31,45 @@ from gpu_mtp_speedup import build
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
 from mtpserve.sampling_params import SamplingParams
+
+
+class SyncWatch:
+    """With ``on``: CUDA's sync debug mode ("warn") inside :meth:`watch`, each distinct host sync
+    kept with its label and Python stack (at most ``limit``), to find what drains the async
+    pipeline in a catch-up."""
+
+    def __init__(self, on: bool = False, limit: int = 12):
+        self.on, self.limit = on, limit
+        self.found: dict[str, dict] = {}
+
+    @contextlib.contextmanager
+    def watch(self, label: str):
+        if not self.on:
+            yield
+            return
+
+        def hook(message, *_a, **_k):
+            stack = "".join(traceback.format_stack(limit=14)[:-2])
+            key = stack[-600:]
+            d = self.found.get(key)
+            if d is None and len(self.found) < self.limit:
+                d = self.found[key] = dict(label=label, message=str(message), stack=stack,
+                                           count=0)
+            if d is not None:
+                d["count"] += 1
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            old, warnings.showwarning = warnings.showwarning, hook
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                warnings.showwarning = old
+
+
+SYNCS = SyncWatch()
 
 
 class StepLog:
@@ -41,6 +82,7 @@ class StepLog:
         self.drafting_seqs: list[int] = []
         self._wrapped: list[tuple[object, str]] = []
         self.catch_ups: list[int] = []
+        self.longest_chunk: list[int] = []   # per catch-up: the backlog's longest step chunk
         self._wrap(eng, "_overlapped_step", self._overlapped)
         self._wrap(eng, "_sync_step", self._sync)
         p = eng.proposer
@@ -74,17 +116,33 @@ class StepLog:
         return out
 
     def _catch_up(self, f):
-        n = self.eng.proposer.backlog.num_tokens
+        backlog = self.eng.proposer.backlog
+        n = backlog.num_tokens
         if not n:
             return f()
         self.catch_ups.append(n)
+        longest = max(k for items, _, _ in backlog._steps for _, _, k in items)
+        self.longest_chunk.append(longest)
         if self.sync_catch_ups:   # its device time: synchronize around it (breaks overlap)
             torch.cuda.synchronize()
         t = time.perf_counter()
-        out = f()
+        with SYNCS.watch(f"catch-up of {n} positions, longest chunk {longest}"):
+            out = f()
         if self.sync_catch_ups:
             torch.cuda.synchronize()
         self.catch_up_ms.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def _catch_ups_by_kind(self) -> dict:
+        """Catch-ups of decode positions only (every step chunk <= 16) and with a prefill chunk:
+        count, positions, host ms in all."""
+        out = {}
+        for n, longest, ms in zip(self.catch_ups, self.longest_chunk, self.catch_up_ms):
+            d = out.setdefault("decode" if longest <= 16 else "with prefill",
+                               dict(count=0, positions=0, ms=0.0))
+            d["count"] += 1
+            d["positions"] += n
+            d["ms"] = round(d["ms"] + ms, 1)
         return out
 
     def summary(self) -> dict:
@@ -98,7 +156,8 @@ class StepLog:
                                                if self.drafting_seqs else 0),
                        catch_ups=len(self.catch_ups), catch_up_positions=sum(self.catch_ups),
                        catch_up_ms=dict(max=round(max(self.catch_up_ms, default=0), 1),
-                                        total=round(sum(self.catch_up_ms), 1)))
+                                        total=round(sum(self.catch_up_ms), 1)),
+                       catch_up_ms_by_kind=self._catch_ups_by_kind())
             gate = self.eng.proposer.policy.gate if self.eng.proposer.policy else None
             if gate is not None:
                 out["gate_tok_s"] = {f"<={2 ** b}": {("drafting" if k else "plain"): round(r)
@@ -107,22 +166,48 @@ class StepLog:
         return out
 
 
-def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False
+def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False, stagger: int = 0
          ) -> tuple[float, StepLog]:
-    """``n`` greedy requests added at once; (total tok/s from the first step to the last, the
-    step log of this load)."""
+    """``n`` greedy requests, added at once (``stagger`` 0) or one every ``stagger`` steps, as
+    HTTP requests reach a server's engine loop over its first steps; (total tok/s from the first
+    step to the last, the step log of this load)."""
     log = StepLog(eng, sync_catch_ups)
-    for i in range(n):
+
+    def add(i: int) -> None:
         prompt = [(7 * j + 13 * i) % 500 + 2 for j in range(128)]
         eng.add_request(f"r{i}-{time.monotonic_ns()}", prompt,
                         SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
-    t, tokens = time.perf_counter(), 0
+
+    added = n if not stagger else 1
+    for i in range(added):
+        add(i)
+    t, tokens, steps = time.perf_counter(), 0, 0
     try:
-        while eng.has_unfinished_requests():
+        while eng.has_unfinished_requests() or added < n:
             tokens += sum(len(o.new_token_ids) for o in eng.step())
+            steps += 1
+            if added < n and steps % stagger == 0:
+                add(added)
+                added += 1
     finally:
         log.close()
     return tokens / (time.perf_counter() - t), log
+
+
+VARIANTS = ("main", "graph256", "every1", "every4")
+
+
+def set_variant(eng: LLMEngine, name: str, defaults: tuple[int, int]) -> None:
+    """The MTP backlog's limits for variant ``name`` (``defaults``: the engine's own max_tokens,
+    max_steps): main as built; graph256: at most the largest captured MTP graph's tokens, so
+    decode catch-ups replay it; every1 / every4: a catch-up after every step / every 4 steps."""
+    b = eng.proposer.backlog
+    b.max_tokens, b.max_steps = defaults
+    graphs = eng.proposer.runner.graphs
+    if name == "graph256" and graphs is not None and graphs.sizes:
+        b.max_tokens = min(b.max_tokens, graphs.sizes[-1])
+    elif name.startswith("every"):
+        b.max_steps = int(name[len("every"):])
 
 
 @contextlib.contextmanager
@@ -160,37 +245,57 @@ def main() -> None:
                     help="profile the warm pass at the largest concurrency into DIR")
     ap.add_argument("--sync-catch-ups", action="store_true",
                     help="time each MTP catch-up on the device (synchronizes around it)")
+    ap.add_argument("--stagger", type=int, default=0,
+                    help="add one request every STAGGER steps (0: all at once)")
+    ap.add_argument("--variants", nargs="+", default=["main"], choices=VARIANTS,
+                    help="MTP backlog limits to run, each on the same MTP engine")
+    ap.add_argument("--find-syncs", metavar="FILE",
+                    help="list the host syncs inside catch-ups (CUDA sync debug mode) in FILE")
     a = ap.parse_args()
     if a.log_compiles:
         from triton_compile_log import log_compiles
 
         log_compiles(a.log_compiles)
+    SYNCS.on = bool(a.find_syncs)
     seqs = max(a.concurrency)
     rows = {}
     spec = SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=True)
     for name, cfg in (("off", None), ("on", spec)):
         eng = build(a.shape, a.device, cfg, max_num_seqs=seqs)
         eng.warmup()
-        for n in a.concurrency:
-            for rnd in ("cold", "warm"):
-                _mark(a.log_compiles, f"{name} c={n} {rnd}")
-                prof = (a.torch_profile and n == max(a.concurrency) and rnd == "warm")
-                with _profiled(a.torch_profile if prof else None, name):
-                    tok_s, log = load(eng, n, a.new, a.sync_catch_ups)
-                if prof:
-                    with open(f"{a.torch_profile}/{name}-steps.json", "w") as f:
-                        json.dump(dict(ms=log.ms, catch_up_ms=log.catch_up_ms), f)
-                summary = log.summary()
-                rows.setdefault(f"{n} {rnd}", {})[name] = dict(tok_s=round(tok_s, 1), **summary)
-                print(f"{name:>3} c={n:<3} {rnd} {tok_s:9.1f} tok/s  {json.dumps(summary)}",
-                      flush=True)
+        p = eng.proposer
+        defaults = (p.backlog.max_tokens, p.backlog.max_steps) if p is not None else None
+        for variant in (a.variants if cfg is not None else ["off"]):
+            if defaults is not None:
+                set_variant(eng, variant, defaults)
+            label = name if variant in ("off", "main") else variant
+            for n in a.concurrency:
+                for rnd in ("cold", "warm"):
+                    _mark(a.log_compiles, f"{label} c={n} {rnd}")
+                    prof = (a.torch_profile and n == max(a.concurrency) and rnd == "warm")
+                    with _profiled(a.torch_profile if prof else None, label):
+                        tok_s, log = load(eng, n, a.new, a.sync_catch_ups, a.stagger)
+                    if prof:
+                        with open(f"{a.torch_profile}/{label}-steps.json", "w") as f:
+                            json.dump(dict(ms=log.ms, catch_up_ms=log.catch_up_ms), f)
+                    summary = log.summary()
+                    rows.setdefault(f"{n} {rnd}", {})[label] = dict(tok_s=round(tok_s, 1),
+                                                                   **summary)
+                    print(f"{label:>8} c={n:<3} {rnd} {tok_s:9.1f} tok/s  "
+                          f"{json.dumps(summary)}", flush=True)
         del eng
     for key, r in rows.items():
-        r["on_off"] = round(r["on"]["tok_s"] / r["off"]["tok_s"], 3)
-        print(f"c={key:<8} on/off total tok/s {r['on_off']:.3f}x")
+        for label in list(r):
+            if label != "off":
+                r[f"{label}_off"] = round(r[label]["tok_s"] / r["off"]["tok_s"], 3)
+        print(f"c={key:<8} " + "  ".join(f"{k} {v:.3f}x" for k, v in r.items()
+                                          if k.endswith("_off")))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if a.find_syncs:
+        with open(a.find_syncs, "w") as f:
+            json.dump(list(SYNCS.found.values()), f, indent=1)
 
 
 if __name__ == "__main__":
