@@ -38,13 +38,14 @@ class SyncWatch:
     kept with its label and Python stack (at most ``limit``), to find what drains the async
     pipeline in a catch-up."""
 
-    def __init__(self, on: bool = False, limit: int = 12):
+    def __init__(self, on: bool = False, limit: int = 24):
         self.on, self.limit = on, limit
         self.found: dict[str, dict] = {}
+        self._depth = 0
 
     @contextlib.contextmanager
     def watch(self, label: str):
-        if not self.on:
+        if not self.on or self._depth:   # nested: the outer watch's mode and hook hold
             yield
             return
 
@@ -62,9 +63,11 @@ class SyncWatch:
             warnings.simplefilter("always")
             old, warnings.showwarning = warnings.showwarning, hook
             torch.cuda.set_sync_debug_mode("warn")
+            self._depth += 1
             try:
                 yield
             finally:
+                self._depth -= 1
                 torch.cuda.set_sync_debug_mode("default")
                 warnings.showwarning = old
 
@@ -104,7 +107,8 @@ class StepLog:
 
     def _overlapped(self, f, *a):
         t = time.perf_counter()
-        out = f(*a)
+        with SYNCS.watch("overlapped step"):
+            out = f(*a)
         self.ms["overlapped plain"].append((time.perf_counter() - t) * 1e3)
         return out
 

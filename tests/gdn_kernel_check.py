@@ -314,7 +314,8 @@ def _compare_layer(layer, cache, make_batch, T, slots, written, dtype, errors, d
 def check_layer(dev: str, errors: dict) -> None:
     """A GatedDeltaNet layer's forward, Triton path against PyTorch path, for both projection
     layouts: an eager step (decode, a padded verify with scratch, a short prefill, a prefill
-    chunk > 16 tokens), a verify graph's block (token mask, scratch row tensor, a sequence with
+    chunk > 16 tokens), an eager step of longer prefill chunks (the Triton path's medium
+    groups and one past them), a verify graph's block (token mask, scratch row tensor, a sequence with
     fewer real tokens than the block) and a decode graph's block."""
     for model_type in ("qwen3_next", "qwen3_5"):
         for dtype in (torch.float32, torch.bfloat16):
@@ -323,6 +324,12 @@ def check_layer(dev: str, errors: dict) -> None:
             qlens, slots, rows = [1, 4, 20, 3], [4, 0, 2, 5], [-1, 2, -1, 0]
             _compare_layer(layer, cache, lambda c: _eager_batch(c, qlens, slots, rows, dev),
                            sum(qlens), slots, _written((4, P), qlens, torch.tensor(rows)), dtype,
+                           errors, dev)
+            # prefill chunks in two of the Triton path's padded length buckets (33-64,
+            # 129-256) beside a decode, and one past MEDIUM_QUERY (the chunked form)
+            qlens, slots, rows = [2, 150, 40, 300, 129], [1, 3, 4, 2, 0], [-1] * 5
+            _compare_layer(layer, cache, lambda c: _eager_batch(c, qlens, slots, rows, dev),
+                           sum(qlens), slots, torch.zeros(4, P, dtype=torch.bool), dtype,
                            errors, dev)
             qlens, slots, rows = [3, 5, 1], [1, 3, 6], [0, 1, 3]
             _compare_layer(layer, cache, lambda c: _graph_batch(c, qlens, 5, slots, rows, dev),

@@ -17,10 +17,12 @@ Backends, chosen by the environment variable ``MTPSERVE_GDN_PREFILL``:
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
 
+from mtpserve.engine.forward_batch import to_device
 from mtpserve.kernels.gated_delta_rule import chunk_gated_delta_rule
 
 BACKENDS = ("torch", "fla")
@@ -83,7 +85,7 @@ def _fla(q, k, v, g, beta, states, lengths):
     if rep > 1:
         q, k = q.repeat_interleave(rep, dim=-2), k.repeat_interleave(rep, dim=-2)
     dtype = v.dtype
-    cu = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(q.device)
+    cu = to_device(list(itertools.accumulate(lengths, initial=0)), torch.int64, q.device)
     out, final = fla_chunk()(
         q.to(dtype).contiguous()[None], k.to(dtype).contiguous()[None], v.contiguous()[None],
         g.float().contiguous()[None], beta.to(dtype).contiguous()[None],

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mtpserve.engine.forward_batch import to_device
+
 # SDPA backends on CUDA: not cuDNN, which builds an execution plan for each new shape (query
 # and context lengths): the MTP's catch-up forward of a new length stalled 40-100 ms on the H200
 # (benchmarks/gpu_mtp_catchup.py --profile-slow: all of it in scaled_dot_product_attention, a
@@ -104,18 +106,21 @@ def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_table
 
 def _group(seqs, starts, query_lens, seq_lens, block_tables, block_size, device, dtype,
            all_tokens):
+    """One :class:`PaddedGroup` of the sequences ``seqs``. Its host lists reach the device
+    through pinned memory without a sync (``to_device``): under async scheduling a CUDA tensor
+    built straight from a list waited for the steps queued before it (H200, session 13: four
+    such waits per long run in every MTP catch-up with a prefill chunk)."""
     qlens = [query_lens[b] for b in seqs]
-    ctx = torch.tensor([seq_lens[b] for b in seqs], dtype=torch.int64, device=device)
+    ctx = to_device([seq_lens[b] for b in seqs], torch.int64, device)
     max_q, max_ctx = max(qlens), max(seq_lens[b] for b in seqs)
-    token_index = None if all_tokens else torch.tensor(
-        [starts[b] + i for b in seqs for i in range(query_lens[b])], dtype=torch.int64, device=device)
-    pad_index = None if all(q == max_q for q in qlens) else torch.tensor(
-        [g * max_q + i for g, q in enumerate(qlens) for i in range(q)], dtype=torch.int64,
-        device=device)
+    token_index = None if all_tokens else to_device(
+        [starts[b] + i for b in seqs for i in range(query_lens[b])], torch.int64, device)
+    pad_index = None if all(q == max_q for q in qlens) else to_device(
+        [g * max_q + i for g, q in enumerate(qlens) for i in range(q)], torch.int64, device)
     pos = torch.arange(max_ctx, device=device)
-    tables = block_tables[torch.tensor(seqs, device=device)].long()
+    tables = block_tables.index_select(0, to_device(seqs, torch.int64, device)).long()
     kv_index = tables[:, pos // block_size] * block_size + pos % block_size
-    qlen_t = torch.tensor(qlens, dtype=torch.int64, device=device)
+    qlen_t = to_device(qlens, torch.int64, device)
     i = torch.arange(max_q, device=device)
     qpos = (ctx - qlen_t).unsqueeze(1) + i.unsqueeze(0)          # [Bg, max_q]
     qpos = torch.where(i.unsqueeze(0) < qlen_t.unsqueeze(1), qpos, 0)  # padding rows see key 0
