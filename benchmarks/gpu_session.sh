@@ -14,7 +14,8 @@
 #   Gated DeltaNet prefill sequence by sequence and through fla); budget (no model needed: the
 #   adaptive MTP engine at batch 1, the async-MTP GPU tests, the load run at 16 and 64, bench
 #   --compare); catchup (no model needed: the MTP backlog's limits under load, the host syncs
-#   in catch-ups, bench --compare).
+#   in catch-ups, bench --compare); prefill (the same after the medium GDN prefill, with its
+#   GPU test).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -105,6 +106,23 @@ budget)   # no model needed, about 7 minutes: the step timer per drafting sequen
     --output-dir /tmp/bench -- --dtype bfloat16 --speculative-algorithm nextn \
     --speculative-num-steps 3 2>&1 | tail -6
   tar czf "$OUT/bench.tgz" -C /tmp bench
+  ;;
+prefill)  # no model needed, about 8 minutes: the Gated DeltaNet medium prefill against the
+  # reference, the MTP backlog's limits under staggered load with the host syncs, bench --compare
+  mkdir -p /tmp/res
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "gated_delta or hybrid_model or overlap or drafts_ahead" \
+    2>&1 | tee /tmp/res/gpu_tests.log | tail -3
+  timeout 130 python3 benchmarks/gpu_mtp_load.py --concurrency 64 --stagger 1 \
+    --variants main graph256 every4 --json /tmp/res/load-s1.json \
+    --find-syncs /tmp/res/syncs-s1.json 2>&1 | grep -v "it/s" > /tmp/res/load-s1.log
+  tail -2 /tmp/res/load-s1.log
+  tar czf "$OUT/res.tgz" -C /tmp res
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
+    --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+    --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
+    --speculative-num-steps 3 2>&1 | tail -6
+  tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 catchup)  # no model needed, about 8 minutes: the MTP backlog's limits under load, in process
   # (all at once and staggered) and with the host syncs in catch-ups listed, then bench --compare
