@@ -11,6 +11,8 @@ stdout: device time of all kernels, number of kernel launches, wall time of the 
 ``--step-trace B`` profiles whole engine steps with CUDA graphs on and B requests decoding
 (hybrid shapes: also with MTP k=3): wall ms per step against the device-busy ms per step (union of
 kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B>.txt``.
+``--prefill Q ...`` profiles eager prefill forwards of Q tokens of one sequence (ops by host
+and device time, Python functions by own time): ``DIR/<shape>-prefill-q<Q>.txt``.
 ``--spec-host N`` instead times the host side of engine steps with N code-edit requests decoding
 together on the real SmolLM2 (bf16), speculation off and n-gram on: milliseconds per step spent
 in each engine phase (cProfile cumulative times).
@@ -47,6 +49,53 @@ def _one_seq_batch(eng, q: int):
     seq.num_computed_tokens = seq.num_tokens - 1
     batch, _ = r.prepare(SchedulerOutput([ScheduledSeq(seq, 1, list(range(3, 2 + q)))]))
     return batch
+
+
+def _prefill_batch(eng, q: int):
+    """One sequence's prefill of ``q`` prompt tokens from position 0."""
+    r = eng.runner
+    seq = Sequence("pf", list(range(2, 2 + q)), SamplingParams(), (), eng.max_model_len,
+                   None, None)
+    assert eng.block_manager.allocate(seq, q)
+    if r.state_cache is not None:
+        seq.state_slot = r.state_cache.alloc()
+    batch, _ = r.prepare(SchedulerOutput([ScheduledSeq(seq, q, [])]))
+    return batch
+
+
+def prefill_profile(eng, q: int, path: str) -> str:
+    """A prefill forward of ``q`` tokens, eager as the engine runs it: its ops by host time and
+    by device time (torch.profiler) and its Python functions by own time (cProfile), written
+    to ``path``; returns a summary (wall, device, launches per forward)."""
+    r = eng.runner
+    batch = _prefill_batch(eng, q)
+    for _ in range(3):
+        r.execute(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPEATS):
+            r.execute(batch)
+        torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    t = time.perf_counter()
+    pr.enable()
+    for _ in range(REPEATS):
+        r.execute(batch)
+    torch.cuda.synchronize()
+    pr.disable()
+    wall = (time.perf_counter() - t) / REPEATS
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    dev = sum(e.device_time for e in kernels) / REPEATS
+    avg = prof.key_averages()
+    text = io.StringIO()
+    pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(35)
+    with open(path, "w") as f:
+        f.write(avg.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70))
+        f.write(avg.table(sort_by="self_device_time_total", row_limit=30,
+                          max_name_column_width=70))
+        f.write(text.getvalue())
+    return (f"prefill q={q}: wall {wall * 1e3:.2f} ms (under cProfile), kernels "
+            f"{dev / 1e3:.3f} ms device, {len(kernels) / REPEATS:.0f} launches")
 
 
 def kernel_table(eng, q: int, path: str) -> str:
@@ -193,7 +242,18 @@ def main() -> None:
                     help="host time per engine phase with N requests, n-gram off and on")
     ap.add_argument("--step-trace", type=int, metavar="B",
                     help="profile whole engine steps with B requests (graphs on)")
+    ap.add_argument("--prefill", type=int, nargs="+", metavar="Q",
+                    help="profile eager prefill forwards of Q tokens of one sequence")
     a = ap.parse_args()
+    if a.prefill:
+        for shape in a.shapes:
+            eng, _ = build(shape, True, None)
+            for q in a.prefill:
+                print(shape, prefill_profile(eng, q, f"{a.out}/{shape}-prefill-q{q}.txt"),
+                      flush=True)
+            del eng
+            torch.cuda.empty_cache()
+        return
     if a.step_trace:
         mtp = SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)
         for shape in a.shapes:

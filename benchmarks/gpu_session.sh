@@ -15,7 +15,8 @@
 #   adaptive MTP engine at batch 1, the async-MTP GPU tests, the load run at 16 and 64, bench
 #   --compare); catchup (no model needed: the MTP backlog's limits under load, the host syncs
 #   in catch-ups, bench --compare); prefill (the same after the medium GDN prefill, with its
-#   GPU test).
+#   GPU test); backlog (eager prefill profiles, bench --compare with the backlog's step limit
+#   16 and 4).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -123,6 +124,23 @@ prefill)  # no model needed, about 8 minutes: the Gated DeltaNet medium prefill 
     --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
     --speculative-num-steps 3 2>&1 | tail -6
   tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+backlog)  # no model needed, about 8 minutes: eager prefill profiles, then bench --compare with
+  # the MTP backlog as built and with a catch-up every 4 steps (the source edited in this copy)
+  mkdir -p /tmp/res
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --prefill 128 512 --out /tmp/res \
+    2>&1 | grep prefill
+  tar czf "$OUT/res.tgz" -C /tmp res
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  for steps in 16 4; do
+    sed -i "s/max_steps: int = [A-Z_0-9]*)/max_steps: int = $steps)/" src/mtpserve/spec/mtp_backlog.py
+    grep -o "max_steps: int = [0-9]*)" src/mtpserve/spec/mtp_backlog.py
+    timeout 190 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
+      --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+      --output-dir /tmp/res/bench-$steps -- --dtype bfloat16 --speculative-algorithm nextn \
+      --speculative-num-steps 3 2>&1 | tail -5
+    tar czf "$OUT/res.tgz" -C /tmp res
+  done
   ;;
 catchup)  # no model needed, about 8 minutes: the MTP backlog's limits under load, in process
   # (all at once and staggered) and with the host syncs in catch-ups listed, then bench --compare
