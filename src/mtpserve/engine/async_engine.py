@@ -2,14 +2,18 @@
 
 The thread owns the :class:`~mtpserve.engine.engine.LLMEngine`: it builds it, warms it up, runs one
 internal request, and then loops over ``step()``. Requests and aborts arrive through a thread-safe
-queue; each step's deltas go back to per-request ``asyncio.Queue`` objects through
-``loop.call_soon_threadsafe``. PyTorch releases the GIL inside its kernels, so the event loop keeps
-answering HTTP while a step runs.
+queue; each step's deltas go back to per-request ``asyncio.Queue`` objects, all of a step's in one
+``loop.call_soon_threadsafe`` (one wake-up of the event loop per step, not one per request). A
+consumer that falls behind (many streams on one event loop) gets the deltas queued for it merged
+into one (:func:`merge_outputs`), so it writes one chunk for them, as vLLM's output processor
+does. PyTorch releases the GIL inside its kernels, so the event loop keeps answering HTTP while a
+step runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -29,11 +33,46 @@ class EngineDeadError(RuntimeError):
 
 
 @dataclass
+class _Sink:
+    """Where a request's deltas go: its asyncio queue, on the event loop that awaits it."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def __call__(self, out: RequestOutput) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+
+@dataclass
 class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     sink: Callable[[RequestOutput], None]
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for q, out in items:
+        q.put_nowait(out)
+
+
+def merge_outputs(outs: list[RequestOutput]) -> RequestOutput:
+    """Consecutive deltas of one request as one: their tokens, text and logprobs in order, the
+    last one's finish, counters (cumulative) and error.
+
+    Raises:
+        ValueError: on an empty list or deltas of different requests.
+    """
+    if not outs or any(o.request_id != outs[0].request_id for o in outs):
+        raise ValueError("merge_outputs needs deltas of one request")
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    lps = [o.new_logprobs for o in outs]
+    return dataclasses.replace(
+        last, new_token_ids=[t for o in outs for t in o.new_token_ids],
+        new_text="".join(o.new_text for o in outs),
+        new_logprobs=None if all(lp is None for lp in lps) else [x for lp in lps for x in lp or []])
 
 
 @dataclass
@@ -114,12 +153,22 @@ class AsyncEngine:
                 break
             if not eng.has_unfinished_requests():
                 continue
-            for out in eng.step():
-                sink = self._sinks.get(out.request_id)
-                if out.finished:
-                    self._sinks.pop(out.request_id, None)
-                if sink is not None:
-                    sink(out)
+            self._deliver(eng.step())
+
+    def _deliver(self, outs: list[RequestOutput]) -> None:
+        """One step's deltas to their requests' queues: one ``call_soon_threadsafe`` per event
+        loop for all of them."""
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outs:
+            sink = self._sinks.get(out.request_id)
+            if out.finished:
+                self._sinks.pop(out.request_id, None)
+            if isinstance(sink, _Sink):
+                batches.setdefault(sink.loop, []).append((sink.queue, out))
+            elif sink is not None:
+                sink(out)
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -159,7 +208,8 @@ class AsyncEngine:
     # ---- requests ----------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its deltas until it finishes.
+        """Submit a request and yield its deltas until it finishes (deltas that queued up
+        while the caller was busy come merged into one).
 
         Closing the iterator early (client disconnect) aborts the request in the engine.
 
@@ -169,14 +219,16 @@ class AsyncEngine:
         """
         if not self.alive or not self.ready:
             raise EngineDeadError(self.error or "engine is not running")
-        loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        sink = lambda out: loop.call_soon_threadsafe(q.put_nowait, out)  # noqa: E731
-        self._inbox.put(_Add(request_id, list(prompt_token_ids), params, sink))
+        self._inbox.put(_Add(request_id, list(prompt_token_ids), params,
+                             _Sink(asyncio.get_running_loop(), q)))
         finished = False
         try:
             while not finished:
-                out = await q.get()
+                outs = [await q.get()]
+                while not outs[-1].finished and not q.empty():   # behind: one delta for all
+                    outs.append(q.get_nowait())
+                out = merge_outputs(outs)
                 finished = out.finished
                 if out.error is not None and out.finish_reason == "abort" and self.dead:
                     raise EngineDeadError(out.error)

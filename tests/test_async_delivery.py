@@ -1,0 +1,136 @@
+"""AsyncEngine's delivery of deltas: one event-loop wake-up per step, and deltas that queued up
+behind a busy consumer merged into one (engine/async_engine.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from mtpserve.engine import async_engine
+from mtpserve.engine.async_engine import AsyncEngine, merge_outputs
+from mtpserve.outputs import RequestOutput, SpecStats, TokenLogprob
+from mtpserve.sampling_params import SamplingParams
+
+
+def _out(rid, ids, text, finished=False, n=0, logprobs=None, spec=None):
+    return RequestOutput(rid, ids, text, logprobs, finished, "length" if finished else None,
+                         num_prompt_tokens=3, num_output_tokens=n, spec=spec)
+
+
+def test_merge_outputs_concatenates_in_order_and_keeps_the_last_counters():
+    lp = [TokenLogprob(7, -0.5), TokenLogprob(8, -1.0), TokenLogprob(9, -2.0)]
+    a = _out("r", [7], "a", n=1, logprobs=lp[:1], spec=SpecStats(3, 1, 1))
+    b = _out("r", [8, 9], "bc", finished=True, n=3, logprobs=lp[1:], spec=SpecStats(6, 2, 2))
+    m = merge_outputs([a, b])
+    assert m.new_token_ids == [7, 8, 9] and m.new_text == "abc"
+    assert m.new_logprobs == lp
+    assert (m.finished, m.finish_reason, m.num_output_tokens) == (True, "length", 3)
+    assert m.spec == SpecStats(6, 2, 2)
+    assert merge_outputs([a]) is a
+    none = merge_outputs([_out("r", [1], "x"), _out("r", [2], "y")])
+    assert none.new_logprobs is None and none.new_token_ids == [1, 2]
+
+
+def test_merge_outputs_rejects_an_empty_list_and_mixed_requests():
+    with pytest.raises(ValueError, match="one request"):
+        merge_outputs([])
+    with pytest.raises(ValueError, match="one request"):
+        merge_outputs([_out("a", [1], "x"), _out("b", [2], "y")])
+
+
+class _Engine:
+    """Each step gives every request one token (100 + its index) until it has ``length``; with
+    ``gate``, the steps after the first wait for it."""
+
+    def __init__(self, length: int, gate: threading.Event | None = None):
+        self.length, self.count, self.gate, self.steps = length, {}, gate, 0
+
+    def warmup(self):
+        pass
+
+    def add_request(self, rid, prompt, params):
+        self.count[rid] = 0
+
+    def abort_request(self, rid):
+        self.count.pop(rid, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.count)
+
+    def step(self):
+        self.steps += 1
+        if self.gate is not None and self.steps > 1:
+            self.gate.wait(10)
+        outs = []
+        for rid in sorted(self.count):
+            n = self.count[rid] = self.count[rid] + 1
+            done = n == self.length
+            outs.append(_out(rid, [99 + n], f"t{n}", finished=done, n=n))
+            if done:
+                del self.count[rid]
+        return outs
+
+
+def _started(length: int, gate: threading.Event | None = None) -> AsyncEngine:
+    eng = AsyncEngine(lambda: _Engine(length, gate), warmup=True)
+    eng.start()
+    deadline = time.monotonic() + 10
+    while not eng.ready:
+        assert time.monotonic() < deadline, eng.error
+        time.sleep(0.01)
+    return eng
+
+
+def test_a_step_wakes_the_event_loop_once_for_all_its_requests(monkeypatch):
+    batches = []
+    real = async_engine._put_all
+    monkeypatch.setattr(async_engine, "_put_all", lambda items: (batches.append(len(items)),
+                                                                 real(items)))
+    eng = _started(3)
+
+    async def both():
+        async def one(rid):
+            return [o.new_token_ids async for o in eng.generate(rid, [1, 2], SamplingParams())]
+        # both requests reach the engine before its first step: the inbox is drained at once
+        return await asyncio.gather(one("a"), one("b"))
+
+    try:
+        got = asyncio.run(both())
+    finally:
+        eng.shutdown()
+    tokens = [[t for ids in r for t in ids] for r in got]
+    assert tokens == [[100, 101, 102], [100, 101, 102]]
+    assert sum(batches) == 6 and max(batches) == 2   # two requests' deltas in one callback
+
+
+def test_deltas_queued_behind_a_busy_consumer_come_merged():
+    gate, finished = threading.Event(), threading.Event()
+    eng = _started(5, gate)
+    deliver = eng._deliver
+
+    def delivered(outs):
+        deliver(outs)
+        if any(o.finished for o in outs):
+            finished.set()
+
+    eng._deliver = delivered
+
+    async def consume():
+        stream = eng.generate("r", [1, 2], SamplingParams())
+        first = await stream.__anext__()
+        gate.set()
+        await asyncio.to_thread(finished.wait, 10)   # the other four deltas are queued now
+        rest = [o async for o in stream]
+        return first, rest
+
+    try:
+        first, rest = asyncio.run(consume())
+    finally:
+        eng.shutdown()
+    assert first.new_token_ids == [100] and first.new_text == "t1"
+    assert len(rest) == 1
+    assert rest[0].new_token_ids == [101, 102, 103, 104] and rest[0].new_text == "t2t3t4t5"
+    assert rest[0].finished and rest[0].num_output_tokens == 5
