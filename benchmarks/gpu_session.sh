@@ -16,7 +16,7 @@
 #   --compare); catchup (no model needed: the MTP backlog's limits under load, the host syncs
 #   in catch-ups, bench --compare); prefill (the same after the medium GDN prefill, with its
 #   GPU test); backlog (eager prefill profiles, bench --compare with the backlog's step limit
-#   16 and 4).
+#   16 and 4); twice (bench --compare twice).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -138,6 +138,17 @@ backlog)  # no model needed, about 8 minutes: eager prefill profiles, then bench
     timeout 190 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
       --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
       --output-dir /tmp/res/bench-$steps -- --dtype bfloat16 --speculative-algorithm nextn \
+      --speculative-num-steps 3 2>&1 | tail -5
+    tar czf "$OUT/res.tgz" -C /tmp res
+  done
+  ;;
+twice)    # no model needed, about 7 minutes: bench --compare twice on one machine (its spread)
+  mkdir -p /tmp/res
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  for i in 1 2; do
+    timeout 190 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
+      --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+      --output-dir /tmp/res/bench-$i -- --dtype bfloat16 --speculative-algorithm nextn \
       --speculative-num-steps 3 2>&1 | tail -5
     tar czf "$OUT/res.tgz" -C /tmp res
   done
