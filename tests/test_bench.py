@@ -80,10 +80,23 @@ def test_unreachable_url_exits_1_with_the_reason(capsys):
     (["--", "--port", "9000"], "leave out --port"),
     (["--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--", "--speculative-algorithm", "magic"], "invalid choice: 'magic'"),
+    (["--rounds", "2", "--", "--max-model-len", "64"], "--rounds takes turns between the two"),
 ])
 def test_contradicting_flags_exit_2_before_any_server(argv, says, capsys):
     assert main(["bench", *QUIET, *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, off_util", [([], "0.45"),
+                                              (["--gpu-memory-utilization", "0.6"], "0.3")])
+def test_compare_in_rounds_gives_the_first_server_half_the_gpu_memory(given, off_util):
+    from mtpserve.bench.session import make_plans
+
+    flags = ["--speculative-algorithm", "ngram", *given]
+    off, on = make_plans(main_parser_args(["--compare", "--rounds", "3", "--", *flags]))
+    assert off.server_flags == [*given, "--gpu-memory-utilization", off_util]
+    assert on.server_flags == flags
+    assert make_plans(main_parser_args(["--compare", "--", *flags]))[0].server_flags == given
 
 
 def test_strip_spec_flags_drops_values_and_switches():
@@ -293,6 +306,72 @@ def test_completions_endpoint_sends_the_raw_prompt(url, tmp_path):
         "max_tokens": 1}).json()
     assert req["prompt_tokens"] == r["usage"]["prompt_tokens"]
     assert req["output_tokens"] == 4 and sum(req["chunk_tokens"]) == 4
+
+
+def test_rounds_keep_both_servers_up_and_take_turns(url, monkeypatch):
+    """Two plans against the one in-process server: both "started" before the first level,
+    each level run 3 times per plan in the order off on, on off, off on; pooled and per-round
+    summaries with exact counts; per-round ratios in the comparison."""
+    import contextlib
+
+    from mtpserve.bench import runner
+    from mtpserve.bench.compare import compare_runs
+    from mtpserve.bench.session import make_options
+
+    events = []
+
+    @contextlib.contextmanager
+    def launcher(plan, opts):
+        events.append(("start", plan.label))
+        yield url
+        events.append(("stop", plan.label))
+
+    real = runner.run_level
+
+    async def logged(client, spec, prompts, c, plan, label=""):
+        events.append((label, c))
+        return await real(client, spec, prompts, c, plan, label)
+
+    monkeypatch.setattr(runner, "run_level", logged)
+    plans = [runner.RunPlan("spec off", url=url), runner.RunPlan("spec on", url=url)]
+    a = main_parser_args(["--prompt-set", "repetitive", "--concurrency", "1,2",
+                          "--num-prompts", "2", "--output-len", "4", "--warmup", "0", *QUIET])
+    off, on = runner.run_plans(plans, make_options(a), launcher, rounds=3)
+    turns = ["spec off", "spec on", "spec on", "spec off", "spec off", "spec on"]
+    assert events == [("start", "spec off"), ("start", "spec on"),
+                      *[(label, c) for c in (1, 2) for label in turns],
+                      ("stop", "spec on"), ("stop", "spec off")]
+    for run in (off, on):
+        for lv in run["levels"]:
+            assert len(lv["rounds"]) == 3
+            assert [r["output_tokens"] for r in lv["rounds"]] == [8, 8, 8]
+            s = lv["summary"]
+            assert s["num_requests"] == 6 and s["output_tokens"] == 24
+            assert s["wall_s"] == pytest.approx(sum(r["wall_s"] for r in lv["rounds"]))
+            assert [r["round"] for r in lv["requests"]] == [0, 0, 1, 1, 2, 2]
+    rows = compare_runs(off, on)
+    assert [len(row["round_ratios"]) for row in rows] == [3, 3]
+    lv_off, lv_on = off["levels"][1], on["levels"][1]
+    assert rows[1]["round_ratios"][2]["total_tok_s"] == pytest.approx(
+        lv_on["rounds"][2]["total_tok_s"] / lv_off["rounds"][2]["total_tok_s"])
+    assert rows[1]["ratio"]["total_tok_s"] == pytest.approx(
+        lv_on["summary"]["total_tok_s"] / lv_off["summary"]["total_tok_s"])
+    from mtpserve.bench.report import compare_table
+
+    line = "  ".join(f"{r['total_tok_s']:.3f}x" for r in rows[1]["round_ratios"])
+    text = compare_table(rows)
+    assert "== on/off by round" in text and line in text
+
+
+def main_parser_args(argv: list[str]):
+    """``mtpserve bench ARGV`` parsed (no run)."""
+    import argparse
+
+    from mtpserve.bench.cli import add_bench_parser
+
+    root = argparse.ArgumentParser()
+    add_bench_parser(root.add_subparsers())
+    return root.parse_args(["bench", *argv])
 
 
 # --- self-started servers (subprocess) -----------------------------------------------------

@@ -72,6 +72,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     p.add_argument("--compare", action="store_true",
                    help="run without, then with the --speculative-* server flags; print ratios")
+    p.add_argument("--rounds", type=_positive(int), default=1, metavar="R",
+                   help="with --compare: both servers up at once (the first with half the "
+                        "--gpu-memory-utilization), each level R times per server in turns "
+                        "(A B, B A, ...); pooled and per-round numbers")
     p.add_argument("--output-dir", help="write results.json and results.png here")
     p.add_argument("--api-key", help="bearer key for the server")
     p.add_argument("--model-name", help="model id in requests (default: from /v1/models)")

@@ -68,4 +68,20 @@ def compare_table(rows: list[dict]) -> str:
         body.append(cells)
     title = ("== speculation on vs off (tok/s: higher is better; TTFT/TPOT in ms: lower is "
              "better)")
-    return title + "\n" + table(headers, body)
+    text = title + "\n" + table(headers, body)
+    if any("round_ratios" in row for row in rows):
+        text += "\n" + _rounds_table(rows)
+    return text
+
+
+def _rounds_table(rows: list[dict]) -> str:
+    """Per concurrency, the on/off ratio of each round (``--rounds``) for the tok/s numbers."""
+    names = [name for name, *_ in RATIO_FIELDS if name.endswith("tok_s")]
+    body = []
+    for row in rows:
+        for name in names:
+            ratios = [r[name] for r in row.get("round_ratios", [])]
+            body.append([str(row["concurrency"]), name]
+                        + ["  ".join("-" if x is None else f"{x:.3f}x" for x in ratios)])
+    return ("== on/off by round (servers in turns: off on, on off, ...)\n"
+            + table(["conc", "number", "on/off per round"], body))

@@ -1,6 +1,14 @@
 """A benchmark run: for each server configuration (one, or speculation off then on), get a
 server (the given URL, or a ``mtpserve serve`` subprocess), warm it up, and run every
-concurrency level against it."""
+concurrency level against it.
+
+With ``rounds`` > 1 every server is up at once and each level runs ``rounds`` times per server,
+the servers taking turns in the order A B, B A, A B, ... (so a drift of the machine over the
+run weighs on both alike): on the H200 two back-to-back ``--compare`` runs of the same code
+differed by 26% in the speculation-off server's total tok/s at 64 requests (session 13), more
+than the effects being measured. Each level then reports its pooled summary (all rounds'
+requests over their summed wall time) and every round's own summary.
+"""
 
 from __future__ import annotations
 
@@ -98,48 +106,108 @@ async def discover_model(client: httpx.AsyncClient) -> str:
         raise BenchError(f"cannot read the model id from /v1/models: {e}") from None
 
 
-async def bench_server(url: str, opts: BenchOptions, label: str) -> dict:
-    """Warm up, then run each level against the server at ``url``.
+@dataclass
+class _Target:
+    """One server under test: its label, URL, client and request shape."""
 
-    Returns ``{"label", "url", "model", "levels": [{"concurrency", "summary", "requests"}]}``;
-    each summary (see ``stats.summarize``) also has ``metrics_spec``: the /metrics counter
-    deltas over the level (None without speculative counters), whose acceptance length stands
-    in when the responses carry no ``mtpserve.spec``.
-    """
+    label: str
+    url: str
+    client: httpx.AsyncClient
+    spec: RequestSpec
+
+
+async def _open(stack: contextlib.AsyncExitStack, url: str, opts: BenchOptions,
+                label: str) -> _Target:
+    """A client for the server at ``url`` (closed with ``stack``), its model found and the
+    server warmed up."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     limits = httpx.Limits(max_connections=max(opts.concurrencies) + 4)
     timeout = httpx.Timeout(opts.request_timeout_s, connect=30.0)
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
-                                 timeout=timeout) as client:
-        model = opts.model_name or await discover_model(client)
-        spec = RequestSpec(model=model, endpoint=opts.request.endpoint,
-                           output_len=opts.request.output_len,
-                           max_tokens=opts.request.max_tokens,
-                           temperature=opts.request.temperature)
-        await warm_up(client, spec, opts.prompts, opts.warmup)
-        levels = []
+    client = await stack.enter_async_context(httpx.AsyncClient(
+        base_url=url, headers=headers, limits=limits, timeout=timeout))
+    model = opts.model_name or await discover_model(client)
+    spec = RequestSpec(model=model, endpoint=opts.request.endpoint,
+                       output_len=opts.request.output_len, max_tokens=opts.request.max_tokens,
+                       temperature=opts.request.temperature)
+    await warm_up(client, spec, opts.prompts, opts.warmup)
+    return _Target(label, url, client, spec)
+
+
+def _level(c: int, rounds: list[tuple[list, float]], before: dict | None,
+           after: dict | None) -> dict:
+    """A level's result from its rounds' (records, wall seconds): the pooled summary with the
+    /metrics counter deltas ``after - before`` (``metrics_spec``, whose acceptance length
+    stands in when the responses carry no ``mtpserve.spec``), every request (with its round
+    when there are several) and, for several rounds, each round's summary."""
+    records = [r for recs, _ in rounds for r in recs]
+    summary = summarize(records, sum(wall for _, wall in rounds), c)
+    summary["metrics_spec"] = delta = counters_delta(before, after)
+    if summary["acceptance_length"] is None and delta is not None:
+        summary["acceptance_length"] = delta["acceptance_length"]
+    level = {"concurrency": c, "summary": summary}
+    if len(rounds) == 1:
+        level["requests"] = [r.to_dict() for r in records]
+        return level
+    level["requests"] = [dict(r.to_dict(), round=k) for k, (recs, _) in enumerate(rounds)
+                         for r in recs]
+    level["rounds"] = [summarize(recs, wall, c) for recs, wall in rounds]
+    return level
+
+
+async def bench_servers(urls: list[str], opts: BenchOptions, labels: list[str],
+                        rounds: int = 1) -> list[dict]:
+    """Warm up each server, then run each level ``rounds`` times against each, the servers
+    taking turns (A B, then B A, ...; see the module docstring).
+
+    Returns per server ``{"label", "url", "model", "levels": [{"concurrency", "summary",
+    "requests"[, "rounds"]}]}``; each summary (see ``stats.summarize``) also has
+    ``metrics_spec`` (see ``_level``).
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        targets = [await _open(stack, url, opts, label) for url, label in zip(urls, labels)]
+        levels: list[list[dict]] = [[] for _ in targets]
         for c in opts.concurrencies:
-            before = await scrape_spec_counters(client)
-            records, wall = await run_level(client, spec, opts.prompts, c, opts.load, label)
-            summary = summarize(records, wall, c)
-            summary["metrics_spec"] = delta = counters_delta(
-                before, await scrape_spec_counters(client))
-            if summary["acceptance_length"] is None and delta is not None:
-                summary["acceptance_length"] = delta["acceptance_length"]
-            levels.append({"concurrency": c, "summary": summary,
-                           "requests": [r.to_dict() for r in records]})
-    return {"label": label, "url": url, "model": model, "levels": levels}
+            before = [await scrape_spec_counters(t.client) for t in targets]
+            done: list[list[tuple[list, float]]] = [[] for _ in targets]
+            for k in range(rounds):
+                order = range(len(targets)) if k % 2 == 0 else reversed(range(len(targets)))
+                for i in order:
+                    t = targets[i]
+                    done[i].append(await run_level(t.client, t.spec, opts.prompts, c,
+                                                   opts.load, t.label))
+            for i, t in enumerate(targets):
+                levels[i].append(_level(c, done[i], before[i],
+                                        await scrape_spec_counters(t.client)))
+    return [{"label": t.label, "url": t.url, "model": t.spec.model, "levels": lv}
+            for t, lv in zip(targets, levels)]
+
+
+async def bench_server(url: str, opts: BenchOptions, label: str) -> dict:
+    """Warm up, then run each level once against the server at ``url`` (``bench_servers``'s
+    result for this one server)."""
+    return (await bench_servers([url], opts, [label]))[0]
 
 
 def run_plans(plans: list[RunPlan], opts: BenchOptions, launcher: Launcher = default_launcher,
-              on_run: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run every plan in order (one server at a time); ``on_run`` sees each finished run.
+              on_run: Callable[[dict], None] | None = None, rounds: int = 1) -> list[dict]:
+    """Run every plan: with ``rounds`` 1 in order, one server at a time; else all servers up
+    at once (started in plan order), their levels in turns (``bench_servers``). ``on_run`` sees
+    each finished run.
 
     Returns one dict a plan: ``bench_server``'s result plus ``server_flags`` and ``info``.
 
     Raises:
         BenchError: a server could not be reached / started, or warm-up failed.
     """
+    if rounds > 1:
+        with contextlib.ExitStack() as stack:
+            urls = [stack.enter_context(launcher(plan, opts)) for plan in plans]
+            runs = asyncio.run(bench_servers(urls, opts, [p.label for p in plans], rounds))
+        for run, plan in zip(runs, plans):
+            run.update(server_flags=plan.server_flags, **plan.info)
+            if on_run is not None:
+                on_run(run)
+        return runs
     runs = []
     for plan in plans:
         with launcher(plan, opts) as url:

@@ -42,10 +42,18 @@ def _model_path(flags: list[str]) -> str | None:
 def make_plans(a: argparse.Namespace) -> list[RunPlan]:
     """One plan (``--url`` or a started server) or two (``--compare``: spec off, spec on).
 
+    With ``--rounds`` > 1 both servers run at once: the spec-off server (started first) gets
+    ``--gpu-memory-utilization`` half the given value (default 0.9), and the spec-on server,
+    which sizes its pools from that value less what is already allocated on the device, about
+    the other half.
+
     Raises:
         ValueError: server flags or ``--compare`` with ``--url``; ``--compare`` without a
-            ``--speculative-algorithm``; server flags that ``mtpserve serve`` rejects.
+            ``--speculative-algorithm``; ``--rounds`` without ``--compare``; server flags that
+            ``mtpserve serve`` rejects.
     """
+    if a.rounds > 1 and not a.compare:
+        raise ValueError("--rounds takes turns between the two servers of --compare")
     flags = list(a.server_args)
     if a.url:
         if flags:
@@ -62,7 +70,11 @@ def make_plans(a: argparse.Namespace) -> list[RunPlan]:
     if not spec_on:
         raise ValueError("--compare needs speculative server flags, e.g. "
                          "`-- --speculative-algorithm ngram`")
-    return [RunPlan("spec off", server_flags=strip_spec_flags(flags), info=info),
+    off = strip_spec_flags(flags)
+    if a.rounds > 1:   # both up at once: the first takes half the GPU memory budget
+        util = parse_serve_flags(flags).gpu_memory_utilization
+        off = off + ["--gpu-memory-utilization", f"{util / 2:g}"]
+    return [RunPlan("spec off", server_flags=off, info=info),
             RunPlan("spec on", server_flags=flags, info=info)]
 
 
@@ -103,7 +115,8 @@ def run_session(a: argparse.Namespace, plans: list[RunPlan], opts: BenchOptions,
     if opts.output_dir:
         os.makedirs(opts.output_dir, exist_ok=True)
     runs = run_plans(plans, opts, launcher or default_launcher,
-                     on_run=lambda run: print(run_table(run) + "\n", flush=True))
+                     on_run=lambda run: print(run_table(run) + "\n", flush=True),
+                     rounds=a.rounds)
     comparison = compare_runs(runs[0], runs[1]) if len(runs) == 2 else None
     if comparison is not None:
         print(compare_table(comparison) + "\n", flush=True)
