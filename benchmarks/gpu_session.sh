@@ -16,7 +16,7 @@
 #   --compare); catchup (no model needed: the MTP backlog's limits under load, the host syncs
 #   in catch-ups, bench --compare); prefill (the same after the medium GDN prefill, with its
 #   GPU test); backlog (eager prefill profiles, bench --compare with the backlog's step limit
-#   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 4).
+#   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 3).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -153,10 +153,10 @@ twice)    # no model needed, about 7 minutes: bench --compare twice on one machi
     tar czf "$OUT/res.tgz" -C /tmp res
   done
   ;;
-rounds)   # no model needed, about 5 minutes: bench --compare with both servers up, in 4 rounds
+rounds)   # no model needed, about 5 minutes: bench --compare with both servers up, in 3 rounds
   mkdir -p /tmp/res
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 400 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --rounds 4 \
+  timeout 280 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --rounds 3 \
     --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
     --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
     --speculative-num-steps 3 2>&1 | tail -16

@@ -89,13 +89,13 @@ def test_contradicting_flags_exit_2_before_any_server(argv, says, capsys):
 
 @pytest.mark.parametrize("given, off_util", [([], "0.45"),
                                               (["--gpu-memory-utilization", "0.6"], "0.3")])
-def test_compare_in_rounds_gives_the_first_server_half_the_gpu_memory(given, off_util):
+def test_compare_in_rounds_gives_each_server_half_the_gpu_memory(given, off_util):
     from mtpserve.bench.session import make_plans
 
     flags = ["--speculative-algorithm", "ngram", *given]
     off, on = make_plans(main_parser_args(["--compare", "--rounds", "3", "--", *flags]))
     assert off.server_flags == [*given, "--gpu-memory-utilization", off_util]
-    assert on.server_flags == flags
+    assert on.server_flags == [*flags, "--gpu-memory-utilization", off_util]
     assert make_plans(main_parser_args(["--compare", "--", *flags]))[0].server_flags == given
 
 

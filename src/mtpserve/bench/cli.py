@@ -73,7 +73,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help="run without, then with the --speculative-* server flags; print ratios")
     p.add_argument("--rounds", type=_positive(int), default=1, metavar="R",
-                   help="with --compare: both servers up at once (the first with half the "
+                   help="with --compare: both servers up at once (each with half the "
                         "--gpu-memory-utilization), each level R times per server in turns "
                         "(A B, B A, ...); pooled and per-round numbers")
     p.add_argument("--output-dir", help="write results.json and results.png here")

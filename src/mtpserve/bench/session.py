@@ -42,10 +42,8 @@ def _model_path(flags: list[str]) -> str | None:
 def make_plans(a: argparse.Namespace) -> list[RunPlan]:
     """One plan (``--url`` or a started server) or two (``--compare``: spec off, spec on).
 
-    With ``--rounds`` > 1 both servers run at once: the spec-off server (started first) gets
-    ``--gpu-memory-utilization`` half the given value (default 0.9), and the spec-on server,
-    which sizes its pools from that value less what is already allocated on the device, about
-    the other half.
+    With ``--rounds`` > 1 both servers run at once, each with ``--gpu-memory-utilization``
+    half the given value (default 0.9).
 
     Raises:
         ValueError: server flags or ``--compare`` with ``--url``; ``--compare`` without a
@@ -70,12 +68,13 @@ def make_plans(a: argparse.Namespace) -> list[RunPlan]:
     if not spec_on:
         raise ValueError("--compare needs speculative server flags, e.g. "
                          "`-- --speculative-algorithm ngram`")
-    off = strip_spec_flags(flags)
-    if a.rounds > 1:   # both up at once: the first takes half the GPU memory budget
-        util = parse_serve_flags(flags).gpu_memory_utilization
-        off = off + ["--gpu-memory-utilization", f"{util / 2:g}"]
+    off, on = strip_spec_flags(flags), flags
+    if a.rounds > 1:   # both up at once: each takes half the GPU memory budget
+        half = ["--gpu-memory-utilization",
+                f"{parse_serve_flags(flags).gpu_memory_utilization / 2:g}"]
+        off, on = off + half, on + half
     return [RunPlan("spec off", server_flags=off, info=info),
-            RunPlan("spec on", server_flags=flags, info=info)]
+            RunPlan("spec on", server_flags=on, info=info)]
 
 
 def make_options(a: argparse.Namespace) -> BenchOptions:
