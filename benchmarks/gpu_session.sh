@@ -156,8 +156,8 @@ twice)    # no model needed, about 7 minutes: bench --compare twice on one machi
 rounds)   # no model needed, about 5 minutes: bench --compare with both servers up, in 3 rounds
   mkdir -p /tmp/res
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 280 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --rounds 3 \
-    --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+  timeout 150 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --rounds 3 \
+    --concurrency 16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
     --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
     --speculative-num-steps 3 2>&1 | tail -16
   tar czf "$OUT/res.tgz" -C /tmp res

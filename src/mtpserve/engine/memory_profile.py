@@ -4,8 +4,8 @@ Like vLLM's profiling run: with the weights (and recurrent-state slots) loaded, 
 the largest step the scheduler can produce (``max_num_batched_tokens`` prompt tokens) over a
 temporary KV cache, read the peak activation memory, and give the KV cache what is left of
 ``utilization x total`` after this engine's weights and that peak, and never so much that less
-than ``(1 - utilization) x total`` stays free (another engine in the same process or on the
-same GPU keeps what it holds, and this one keeps the slack its later allocations use). Admission then waits for free blocks instead of running out
+than ``min(1 - utilization, 0.1) x total`` stays free (another engine in the same process or on
+the same GPU keeps what it holds, and this one keeps the slack its later allocations use). Admission then waits for free blocks instead of running out
 of memory.
 """
 
@@ -69,13 +69,14 @@ def gpu_kv_blocks(runner) -> int:
     # this engine's share of the device (vLLM's meaning), never more than is actually free
     from mtpserve.spec import target_kv_share
 
-    # and where other processes hold memory, what is free less the (1 - utilization) x total
-    # a lone engine leaves: the allocations after this sizing (graphs, MTP buffers) need it
-    # (H200: a second server at 0.9 beside one holding 62 GiB sized its KV cache to the last
-    # free GiB and ran out of memory in its warm-up)
+    # and where other processes hold memory, what is free less the slack a lone engine at 0.9
+    # leaves (at most 1 - utilization): the allocations after this sizing (graphs, MTP buffers)
+    # need it (H200: a second server at 0.9 beside one holding 62 GiB sized its KV cache to
+    # the last free GiB and ran out of memory in its warm-up)
     util = runner.config.gpu_memory_utilization
+    slack = min(1 - util, 0.1) * total
     budget = min(util * total - weights - peak,
-                 free - (1 - util) * total - peak) - HEADROOM_BYTES - runner.reserve_bytes
+                 free - slack - peak) - HEADROOM_BYTES - runner.reserve_bytes
     used = total - free
 
     per_block = runner.kv_bytes_per_block()
