@@ -88,15 +88,53 @@ def test_contradicting_flags_exit_2_before_any_server(argv, says, capsys):
 
 
 @pytest.mark.parametrize("given, off_util", [([], "0.45"),
-                                              (["--gpu-memory-utilization", "0.6"], "0.3")])
+                                              (["--gpu-memory-utilization", "0.6"], "0.3"),
+                                              (["--gpu-memory-utilization=0.5"], "0.25")])
 def test_compare_in_rounds_gives_each_server_half_the_gpu_memory(given, off_util):
     from mtpserve.bench.session import make_plans
 
     flags = ["--speculative-algorithm", "ngram", *given]
     off, on = make_plans(main_parser_args(["--compare", "--rounds", "3", "--", *flags]))
-    assert off.server_flags == [*given, "--gpu-memory-utilization", off_util]
-    assert on.server_flags == [*flags, "--gpu-memory-utilization", off_util]
+    assert off.server_flags == ["--gpu-memory-utilization", off_util]
+    assert on.server_flags == ["--speculative-algorithm", "ngram", "--gpu-memory-utilization",
+                               off_util]
     assert make_plans(main_parser_args(["--compare", "--", *flags]))[0].server_flags == given
+
+
+def test_sigterm_stops_the_started_servers_and_exits_143(monkeypatch, capsys):
+    """SIGTERM in the middle of a run unwinds through the servers' context managers (the
+    launcher's stop runs) and the CLI exits 143."""
+    import contextlib
+    import os
+    import signal
+
+    from mtpserve.bench import runner
+
+    events = []
+
+    @contextlib.contextmanager
+    def launcher(plan, opts):
+        events.append(("start", plan.label))
+        try:
+            yield "http://127.0.0.1:1"
+        finally:
+            events.append(("stop", plan.label))
+
+    async def terminated(*_a, **_k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(5)   # the handler raises before this ends
+
+    monkeypatch.setattr(runner, "bench_servers", terminated)
+    from mtpserve.bench.cli import run_bench
+
+    a = main_parser_args(["--compare", "--rounds", "2", *QUIET, "--", "--speculative-algorithm",
+                          "ngram"])
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_bench(a, launcher) == 143
+    assert events == [("start", "spec off"), ("start", "spec on"), ("stop", "spec on"),
+                      ("stop", "spec off")]
+    assert "mtpserve bench: terminated" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_strip_spec_flags_drops_values_and_switches():

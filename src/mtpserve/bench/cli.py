@@ -5,13 +5,17 @@
     mtpserve bench --compare --prompt-set code-edit -- --speculative-algorithm ngram
 
 Exit codes: 0 done; 1 the server could not be reached / started / used, or requests failed;
-2 bad flags or prompt file.
+2 bad flags or prompt file; 130 interrupted (SIGINT); 143 terminated (SIGTERM). Interrupted or
+terminated, the benchmark stops the servers it started before it exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 
 from mtpserve.bench.prompts import PROMPT_SETS
 
@@ -89,6 +93,30 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=run_bench)
 
 
+class Terminated(Exception):
+    """SIGTERM reached the benchmark (raised in the main thread, so that the servers it started
+    are stopped on the way out)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread (CI cancellation,
+    ``kill``, ``timeout`` and batch schedulers send SIGTERM; Python's default would end the
+    process at once and leave the started servers running). No-op off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_bench(a: argparse.Namespace, launcher=None) -> int:
     """Run ``mtpserve bench``; returns the exit code (see the module docstring).
 
@@ -100,11 +128,14 @@ def run_bench(a: argparse.Namespace, launcher=None) -> int:
 
     plans, opts = session.plan_from_args(a)
     try:
-        return session.run_session(a, plans, opts, launcher)
+        with _sigterm_raises():
+            return session.run_session(a, plans, opts, launcher)
     except BenchError as e:
         print(f"mtpserve bench: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mtpserve bench: interrupted", file=sys.stderr)
         return 130
-
+    except Terminated:
+        print("mtpserve bench: terminated", file=sys.stderr)
+        return 143

@@ -39,6 +39,19 @@ def _model_path(flags: list[str]) -> str | None:
         return None
 
 
+def _without_flag(flags: list[str], name: str) -> list[str]:
+    """``flags`` without ``name`` and its value (``--name v`` or ``--name=v``)."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == name:
+            skip = True
+        elif not flag.startswith(name + "="):
+            out.append(flag)
+    return out
+
+
 def make_plans(a: argparse.Namespace) -> list[RunPlan]:
     """One plan (``--url`` or a started server) or two (``--compare``: spec off, spec on).
 
@@ -72,7 +85,7 @@ def make_plans(a: argparse.Namespace) -> list[RunPlan]:
     if a.rounds > 1:   # both up at once: each takes half the GPU memory budget
         half = ["--gpu-memory-utilization",
                 f"{parse_serve_flags(flags).gpu_memory_utilization / 2:g}"]
-        off, on = off + half, on + half
+        off, on = _without_flag(off, half[0]) + half, _without_flag(on, half[0]) + half
     return [RunPlan("spec off", server_flags=off, info=info),
             RunPlan("spec on", server_flags=on, info=info)]
 
