@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import random
+import signal
 import socket
+import sys
 
 import httpx
 import numpy as np
@@ -105,8 +108,6 @@ def test_sigterm_stops_the_started_servers_and_exits_143(monkeypatch, capsys):
     """SIGTERM in the middle of a run unwinds through the servers' context managers (the
     launcher's stop runs) and the CLI exits 143."""
     import contextlib
-    import os
-    import signal
 
     from mtpserve.bench import runner
 
@@ -135,6 +136,58 @@ def test_sigterm_stops_the_started_servers_and_exits_143(monkeypatch, capsys):
                       ("stop", "spec off")]
     assert "mtpserve bench: terminated" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (no /proc entry, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_started_server_dies_with_a_killed_benchmark():
+    """The parent-death signal set for ``mtpserve serve`` children: SIGKILL a process that
+    started a child that way, and the child gets SIGTERM."""
+    import subprocess
+    import time
+
+    code = ("import subprocess, sys, time\n"
+            "from mtpserve.bench.server_proc import die_with_parent\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+            " preexec_fn=die_with_parent)\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert not _gone(child)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(child)
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_level_whose_every_request_fails_stops_the_run(url):
+    """A server that refuses every request (here: a model it does not serve, no warm-up) makes
+    a BenchError that names the server and the first error, not a table of failures."""
+    from mtpserve.bench import runner
+    from mtpserve.bench.errors import BenchError
+    from mtpserve.bench.session import make_options
+
+    a = main_parser_args(["--prompt-set", "repetitive", "--concurrency", "2", "--num-prompts",
+                          "2", "--output-len", "4", "--warmup", "0", "--model-name", "nope",
+                          *QUIET])
+    with pytest.raises(BenchError, match=r"every request to the spec off server .* at "
+                                         r"concurrency 2 failed; the first: HTTP 404"):
+        runner.run_plans([runner.RunPlan("spec off", url=url)], make_options(a))
 
 
 def test_strip_spec_flags_drops_values_and_switches():

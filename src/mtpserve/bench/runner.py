@@ -162,6 +162,10 @@ async def bench_servers(urls: list[str], opts: BenchOptions, labels: list[str],
     Returns per server ``{"label", "url", "model", "levels": [{"concurrency", "summary",
     "requests"[, "rounds"]}]}``; each summary (see ``stats.summarize``) also has
     ``metrics_spec`` (see ``_level``).
+
+    Raises:
+        BenchError: warm-up failed, or every request of one server's run of a level failed (a
+            server that died, or one that refuses every request): no table is made of that.
     """
     async with contextlib.AsyncExitStack() as stack:
         targets = [await _open(stack, url, opts, label) for url, label in zip(urls, labels)]
@@ -173,8 +177,13 @@ async def bench_servers(urls: list[str], opts: BenchOptions, labels: list[str],
                 order = range(len(targets)) if k % 2 == 0 else reversed(range(len(targets)))
                 for i in order:
                     t = targets[i]
-                    done[i].append(await run_level(t.client, t.spec, opts.prompts, c,
-                                                   opts.load, t.label))
+                    records, wall = await run_level(t.client, t.spec, opts.prompts, c,
+                                                    opts.load, t.label)
+                    if records and not any(r.ok for r in records):
+                        raise BenchError(f"every request to the {t.label} server ({t.url}) at "
+                                         f"concurrency {c} failed; the first: "
+                                         f"{records[0].error}")
+                    done[i].append((records, wall))
             for i, t in enumerate(targets):
                 levels[i].append(_level(c, done[i], before[i],
                                         await scrape_spec_counters(t.client)))

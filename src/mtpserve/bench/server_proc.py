@@ -1,8 +1,11 @@
 """A ``mtpserve serve`` subprocess for one benchmark run: started on a free port, awaited with
-the wait-ready logic, stopped with SIGTERM (SIGKILL after a timeout)."""
+the wait-ready logic, stopped with SIGTERM (SIGKILL after a timeout). On Linux the server also
+gets SIGTERM when the benchmark process dies without stopping it (SIGKILL, a crash): the
+kernel's parent-death signal, ``prctl(PR_SET_PDEATHSIG)``."""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import signal
@@ -23,6 +26,20 @@ def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec (``Popen(preexec_fn=...)``): ask Linux to send it
+    SIGTERM when the thread that started it exits. Elsewhere, or without libc, nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def serve_command(flags: list[str], port: int) -> list[str]:
@@ -60,7 +77,8 @@ class ServerProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(serve_command(self.flags, self.port), stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                         preexec_fn=die_with_parent)
         try:
             self._wait()
         except BaseException:
