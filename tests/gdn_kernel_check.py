@@ -311,6 +311,28 @@ def _compare_layer(layer, cache, make_batch, T, slots, written, dtype, errors, d
         assert torch.equal(a[~w], a0[~w]), name
 
 
+def _compare_medium_prefill(layer, cache, dtype, errors, dev) -> None:
+    """An eager step of prefill chunks in two of the Triton path's padded length buckets
+    (33-64, 129-256) beside a decode, and one past MEDIUM_QUERY (the chunked form)."""
+    from mtpserve.layers.linear_attention import _plan
+
+    P = cache.ssm_scratch[0].shape[1]
+    qlens, slots, rows = [2, 150, 40, 300, 129], [1, 3, 4, 2, 0], [-1] * 5
+    with triton_path(True):   # the Triton side of the comparison groups them so
+        plan = _plan(_eager_batch(cache, qlens, slots, rows, dev))
+    assert [(g.num_small, g.max_q) for g in plan.medium] == [(1, 40), (2, 150)]
+    assert [(end - start, slot) for start, end, slot in plan.large] == [(300, 2)]
+    _compare_layer(layer, cache, lambda c: _eager_batch(c, qlens, slots, rows, dev), sum(qlens),
+                   slots, torch.zeros(4, P, dtype=torch.bool), dtype, errors, dev)
+
+
+def check_medium_prefill(dev: str, errors: dict) -> None:
+    """Only the medium-prefill step of :func:`check_layer` (Qwen3-Next layout, float32): the
+    part of it that runs in CI under the interpreter."""
+    layer, cache = _layer("qwen3_next", dev, torch.float32)
+    _compare_medium_prefill(layer, cache, torch.float32, errors, dev)
+
+
 def check_layer(dev: str, errors: dict) -> None:
     """A GatedDeltaNet layer's forward, Triton path against PyTorch path, for both projection
     layouts: an eager step (decode, a padded verify with scratch, a short prefill, a prefill
@@ -325,12 +347,7 @@ def check_layer(dev: str, errors: dict) -> None:
             _compare_layer(layer, cache, lambda c: _eager_batch(c, qlens, slots, rows, dev),
                            sum(qlens), slots, _written((4, P), qlens, torch.tensor(rows)), dtype,
                            errors, dev)
-            # prefill chunks in two of the Triton path's padded length buckets (33-64,
-            # 129-256) beside a decode, and one past MEDIUM_QUERY (the chunked form)
-            qlens, slots, rows = [2, 150, 40, 300, 129], [1, 3, 4, 2, 0], [-1] * 5
-            _compare_layer(layer, cache, lambda c: _eager_batch(c, qlens, slots, rows, dev),
-                           sum(qlens), slots, torch.zeros(4, P, dtype=torch.bool), dtype,
-                           errors, dev)
+            _compare_medium_prefill(layer, cache, dtype, errors, dev)
             qlens, slots, rows = [3, 5, 1], [1, 3, 6], [0, 1, 3]
             _compare_layer(layer, cache, lambda c: _graph_batch(c, qlens, 5, slots, rows, dev),
                            15, slots, _written((4, P), qlens, torch.tensor(rows)), dtype, errors,

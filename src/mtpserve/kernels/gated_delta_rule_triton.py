@@ -53,6 +53,13 @@ def _l2norm(x, eps):
 
 
 @triton.jit
+def _masked(mask, keep):
+    """``mask & keep`` for a block ``mask`` and a scalar ``keep``, as a select: Triton 3.9's
+    interpreter makes the ``&`` of the two an int32 block, which its stores reject."""
+    return tl.where(keep, mask, False)
+
+
+@triton.jit
 def _gates(g_ptr, beta_ptr, alog_ptr, dtb_ptr, off, h, RAW: tl.constexpr):
     """(g, beta) of one token and value head h: loaded, or from the projections a, b."""
     if RAW:
@@ -109,7 +116,7 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, p
                  mask=vmask)
         if SCRATCH:
             tl.store(scratch_ptr + row * ss_r + t * ss_t + s_off,
-                     s.to(scratch_ptr.dtype.element_ty), mask=smask & real & (row >= 0))
+                     s.to(scratch_ptr.dtype.element_ty), mask=_masked(smask, real & (row >= 0)))
     tl.store(pool_ptr + slot * sp + s_off, s.to(pool_ptr.dtype.element_ty), mask=smask)
 
 
@@ -230,7 +237,7 @@ def _conv_kernel(x_ptr, w_ptr, pool_ptr, slots_ptr, last_ptr, y_ptr, scratch_ptr
                 if j > 0:             # the state after token t: window columns t+1 .. t+K-1
                     tl.store(scratch_ptr + row * ss_r + t * ss_t + c * (K - 1) + (j - 1),
                              col.to(scratch_ptr.dtype.element_ty),
-                             mask=cm & (t <= last) & (row >= 0))
+                             mask=_masked(cm, (t <= last) & (row >= 0)))
         y = acc / (1.0 + tl.exp(-acc))
         tl.store(y_ptr + b * sy_b + t * sy_t + c, y.to(y_ptr.dtype.element_ty), mask=cm)
     # the state after the last real token: window columns last+1 .. last+K-1, as a [BC, KP] tile
