@@ -30,6 +30,7 @@ import torch
 from gpu_mtp_speedup import build
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
+from mtpserve.kernels.paged_attention import SMALL_QUERY
 from mtpserve.sampling_params import SamplingParams
 
 
@@ -138,11 +139,11 @@ class StepLog:
         return out
 
     def _catch_ups_by_kind(self) -> dict:
-        """Catch-ups of decode positions only (every step chunk <= 16) and with a prefill chunk:
-        count, positions, host ms in all."""
+        """Catch-ups of decode positions only (every step chunk <= SMALL_QUERY) and with a
+        prefill chunk: count, positions, host ms in all."""
         out = {}
         for n, longest, ms in zip(self.catch_ups, self.longest_chunk, self.catch_up_ms):
-            d = out.setdefault("decode" if longest <= 16 else "with prefill",
+            d = out.setdefault("decode" if longest <= SMALL_QUERY else "with prefill",
                                dict(count=0, positions=0, ms=0.0))
             d["count"] += 1
             d["positions"] += n

@@ -63,19 +63,30 @@ def _prefill_batch(eng, q: int):
     return batch
 
 
+def _profiled_forwards(r, batch):
+    """Three unmeasured eager forwards of ``batch`` on runner ``r``, then REPEATS under the
+    torch profiler: (the profile, its CUDA kernel events, their device microseconds per
+    forward, wall seconds per forward under the profiler)."""
+    for _ in range(3):
+        r.execute(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(REPEATS):
+            r.execute(batch)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / REPEATS
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return prof, kernels, sum(e.device_time for e in kernels) / REPEATS, wall
+
+
 def prefill_profile(eng, q: int, path: str) -> str:
     """A prefill forward of ``q`` tokens, eager as the engine runs it: its ops by host time and
     by device time (torch.profiler) and its Python functions by own time (cProfile), written
     to ``path``; returns a summary (wall, device, launches per forward)."""
     r = eng.runner
     batch = _prefill_batch(eng, q)
-    for _ in range(3):
-        r.execute(batch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPEATS):
-            r.execute(batch)
-        torch.cuda.synchronize()
+    prof, kernels, dev, _ = _profiled_forwards(r, batch)
     pr = cProfile.Profile()
     t = time.perf_counter()
     pr.enable()
@@ -84,8 +95,6 @@ def prefill_profile(eng, q: int, path: str) -> str:
     torch.cuda.synchronize()
     pr.disable()
     wall = (time.perf_counter() - t) / REPEATS
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    dev = sum(e.device_time for e in kernels) / REPEATS
     avg = prof.key_averages()
     text = io.StringIO()
     pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(35)
@@ -100,19 +109,7 @@ def prefill_profile(eng, q: int, path: str) -> str:
 
 def kernel_table(eng, q: int, path: str) -> str:
     """Profile REPEATS eager forwards of q tokens; write the kernel table; return a summary."""
-    r = eng.runner
-    batch = _one_seq_batch(eng, q)
-    for _ in range(3):
-        r.execute(batch)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t = time.perf_counter()
-        for _ in range(REPEATS):
-            r.execute(batch)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t) / REPEATS
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    dev = sum(e.device_time for e in kernels) / REPEATS
+    prof, kernels, dev, wall = _profiled_forwards(eng.runner, _one_seq_batch(eng, q))
     avg = prof.key_averages()
     with open(path, "w") as f:
         f.write(avg.table(sort_by="self_device_time_total", row_limit=45, max_name_column_width=90))

@@ -21,6 +21,22 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests:$PWD/benchmarks PYTHONUNBUFFERED=1
+
+# The hybrid MoE shape with an MTP layer as a checkpoint of random weights in /tmp/ckpt-hybrid.
+hybrid_checkpoint() {
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+}
+# bench --compare on that checkpoint (MTP k = 3 against none; 64 prompts x 128 tokens at
+# concurrency 1, 16, 64 unless the extra flags say otherwise):
+#   hybrid_compare SECONDS OUTPUT_DIR [bench flags...]
+hybrid_compare() {
+  local limit=$1 dir=$2
+  shift 2
+  timeout "$limit" python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
+    --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+    --output-dir "$dir" "$@" -- --dtype bfloat16 --speculative-algorithm nextn \
+    --speculative-num-steps 3
+}
 case "${1:-run}" in
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -61,10 +77,8 @@ overlap)  # no model needed, about 8 minutes
   timeout 120 python3 benchmarks/gpu_mtp_catchup.py --json "$OUT/catchup.json" 2>&1 | grep -v "it/s" | tee "$OUT/catchup.log" | tail -10
   timeout 150 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" \
     --profile "$OUT/drafting-profile.txt" 2>&1 | grep -v "it/s" | tee "$OUT/adaptive.log" | tail -8
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 230 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --concurrency 1,16,64 --num-prompts 64 \
-    --endpoint completions --output-len 128 --no-progress --output-dir "$OUT/bench" -- --dtype bfloat16 --speculative-algorithm nextn \
-    --speculative-num-steps 3 2>&1 | tee "$OUT/bench.log" | tail -14
+  hybrid_checkpoint
+  hybrid_compare 230 "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | tail -14
   timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
     --json "$OUT/ready-hybrid-mtp.json" --log-dir "$OUT/logs-ready" --extra --speculative-algorithm nextn 2>&1 | tail -2
   ;;
@@ -73,7 +87,7 @@ load)     # no model needed, about 4 minutes: the adaptive MTP engine at batch 1
     | grep -v "it/s" | tee "$OUT/adaptive.log" | tail -8
   timeout 240 python3 benchmarks/gpu_mtp_load.py --json "$OUT/load.json" --log-compiles "$OUT/compiles.txt" \
     2>&1 | grep -v "it/s" | tee "$OUT/load.log" | tail -6
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  hybrid_checkpoint
   timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
     --json /tmp/logs-ready/ready-hybrid-mtp.json --log-dir /tmp/logs-ready --extra --speculative-algorithm nextn 2>&1 | tail -2
   tar czf "$OUT/logs-ready.tgz" -C /tmp logs-ready   # $OUT brings back few files: one archive
@@ -84,12 +98,9 @@ gate)     # no model needed, about 5 minutes: the gate's two-step probes and the
     | tee "$OUT/gpu_tests.log" | tail -4
   timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
     | grep -v "it/s" | tee "$OUT/adaptive.log" | grep -v policy
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  hybrid_checkpoint
   for gdn in torch fla; do
-    MTPSERVE_GDN_PREFILL=$gdn timeout 175 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
-      --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-      --output-dir /tmp/bench-$gdn -- --dtype bfloat16 --speculative-algorithm nextn \
-      --speculative-num-steps 3 2>&1 | tail -6
+    MTPSERVE_GDN_PREFILL=$gdn hybrid_compare 175 /tmp/bench-$gdn 2>&1 | tail -6
     tar czf "$OUT/bench-$gdn.tgz" -C /tmp bench-$gdn   # each run's files, even if the next one is cut
   done
   ;;
@@ -101,11 +112,8 @@ budget)   # no model needed, about 7 minutes: the step timer per drafting sequen
     | tee "$OUT/gpu_tests.log" | tail -2
   timeout 150 python3 benchmarks/gpu_mtp_load.py --concurrency 16 64 \
     --json "$OUT/load.json" 2>&1 | grep -v "it/s" > "$OUT/load.log"; tail -4 "$OUT/load.log"
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
-    --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-    --output-dir /tmp/bench -- --dtype bfloat16 --speculative-algorithm nextn \
-    --speculative-num-steps 3 2>&1 | tail -6
+  hybrid_checkpoint
+  hybrid_compare 200 /tmp/bench 2>&1 | tail -6
   tar czf "$OUT/bench.tgz" -C /tmp bench
   ;;
 prefill)  # no model needed, about 8 minutes: the Gated DeltaNet medium prefill against the
@@ -118,11 +126,8 @@ prefill)  # no model needed, about 8 minutes: the Gated DeltaNet medium prefill 
     --find-syncs /tmp/res/syncs-s1.json 2>&1 | grep -v "it/s" > /tmp/res/load-s1.log
   tail -2 /tmp/res/load-s1.log
   tar czf "$OUT/res.tgz" -C /tmp res
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
-    --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-    --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
-    --speculative-num-steps 3 2>&1 | tail -6
+  hybrid_checkpoint
+  hybrid_compare 200 /tmp/res/bench 2>&1 | tail -6
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 backlog)  # no model needed, about 8 minutes: eager prefill profiles, then bench --compare with
@@ -131,35 +136,26 @@ backlog)  # no model needed, about 8 minutes: eager prefill profiles, then bench
   timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --prefill 128 512 --out /tmp/res \
     2>&1 | grep prefill
   tar czf "$OUT/res.tgz" -C /tmp res
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  hybrid_checkpoint
   for steps in 16 4; do
     sed -i "s/max_steps: int = [A-Z_0-9]*)/max_steps: int = $steps)/" src/mtpserve/spec/mtp_backlog.py
     grep -o "max_steps: int = [0-9]*)" src/mtpserve/spec/mtp_backlog.py
-    timeout 190 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
-      --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-      --output-dir /tmp/res/bench-$steps -- --dtype bfloat16 --speculative-algorithm nextn \
-      --speculative-num-steps 3 2>&1 | tail -5
+    hybrid_compare 190 /tmp/res/bench-$steps 2>&1 | tail -5
     tar czf "$OUT/res.tgz" -C /tmp res
   done
   ;;
 twice)    # no model needed, about 7 minutes: bench --compare twice on one machine (its spread)
   mkdir -p /tmp/res
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
+  hybrid_checkpoint
   for i in 1 2; do
-    timeout 190 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
-      --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-      --output-dir /tmp/res/bench-$i -- --dtype bfloat16 --speculative-algorithm nextn \
-      --speculative-num-steps 3 2>&1 | tail -5
+    hybrid_compare 190 /tmp/res/bench-$i 2>&1 | tail -5
     tar czf "$OUT/res.tgz" -C /tmp res
   done
   ;;
 rounds)   # no model needed, about 5 minutes: bench --compare with both servers up, in 3 rounds
   mkdir -p /tmp/res
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 150 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --rounds 3 \
-    --concurrency 16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-    --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
-    --speculative-num-steps 3 2>&1 | tail -16
+  hybrid_checkpoint
+  hybrid_compare 150 /tmp/res/bench --rounds 3 --concurrency 16,64 2>&1 | tail -16
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 catchup)  # no model needed, about 8 minutes: the MTP backlog's limits under load, in process
@@ -172,11 +168,8 @@ catchup)  # no model needed, about 8 minutes: the MTP backlog's limits under loa
     tail -4 /tmp/res/load-s$st.log
   done
   tar czf "$OUT/res.tgz" -C /tmp res
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
-  timeout 200 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare \
-    --concurrency 1,16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
-    --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
-    --speculative-num-steps 3 2>&1 | tail -6
+  hybrid_checkpoint
+  hybrid_compare 200 /tmp/res/bench 2>&1 | tail -6
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac

@@ -48,7 +48,7 @@ class _Add:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    sink: Callable[[RequestOutput], None]
+    sink: _Sink
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
@@ -96,7 +96,7 @@ class AsyncEngine:
         self._factory = engine_factory
         self._warmup = warmup
         self._inbox: queue.Queue = queue.Queue()
-        self._sinks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._sinks: dict[str, _Sink] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.engine = None
@@ -163,10 +163,8 @@ class AsyncEngine:
             sink = self._sinks.get(out.request_id)
             if out.finished:
                 self._sinks.pop(out.request_id, None)
-            if isinstance(sink, _Sink):
+            if sink is not None:
                 batches.setdefault(sink.loop, []).append((sink.queue, out))
-            elif sink is not None:
-                sink(out)
         for loop, items in batches.items():
             loop.call_soon_threadsafe(_put_all, items)
 
