@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
+import pstats
 import json
 import statistics
 import time
@@ -79,8 +82,10 @@ SYNCS = SyncWatch()
 class StepLog:
     """Wraps an engine's step kinds and its proposer's drafting and catch-up, and times them."""
 
-    def __init__(self, eng: LLMEngine, sync_catch_ups: bool = False):
-        self.eng, self.sync_catch_ups = eng, sync_catch_ups
+    def __init__(self, eng: LLMEngine, sync_catch_ups: bool = False,
+                 cprofile: cProfile.Profile | None = None):
+        self.eng, self.sync_catch_ups, self.cprofile = eng, sync_catch_ups, cprofile
+        self._profiling = False
         self.catch_up_ms: list[float] = []
         self.ms = defaultdict(list)       # kind -> wall ms of each step of that kind
         self.drafting_seqs: list[int] = []
@@ -113,9 +118,25 @@ class StepLog:
         self.ms["overlapped plain"].append((time.perf_counter() - t) * 1e3)
         return out
 
+    @contextlib.contextmanager
+    def _host_profile(self):
+        """The cProfile (if any) on around the outermost wrapped call: catch-ups and synchronous
+        steps, whose host time is what the MTP adds over plain overlapped steps."""
+        if self.cprofile is None or self._profiling:
+            yield
+            return
+        self._profiling = True
+        self.cprofile.enable()
+        try:
+            yield
+        finally:
+            self.cprofile.disable()
+            self._profiling = False
+
     def _sync(self, f, *a):
         t = time.perf_counter()
-        out = f(*a)
+        with self._host_profile():
+            out = f(*a)
         kind = "sync drafting" if self.eng._drafted else "sync plain"
         self.ms[kind].append((time.perf_counter() - t) * 1e3)
         return out
@@ -131,7 +152,8 @@ class StepLog:
         if self.sync_catch_ups:   # its device time: synchronize around it (breaks overlap)
             torch.cuda.synchronize()
         t = time.perf_counter()
-        with SYNCS.watch(f"catch-up of {n} positions, longest chunk {longest}"):
+        with SYNCS.watch(f"catch-up of {n} positions, longest chunk {longest}"), \
+                self._host_profile():
             out = f()
         if self.sync_catch_ups:
             torch.cuda.synchronize()
@@ -171,12 +193,12 @@ class StepLog:
         return out
 
 
-def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False, stagger: int = 0
-         ) -> tuple[float, StepLog]:
+def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False, stagger: int = 0,
+         cprofile: cProfile.Profile | None = None) -> tuple[float, StepLog]:
     """``n`` greedy requests, added at once (``stagger`` 0) or one every ``stagger`` steps, as
     HTTP requests reach a server's engine loop over its first steps; (total tok/s from the first
     step to the last, the step log of this load)."""
-    log = StepLog(eng, sync_catch_ups)
+    log = StepLog(eng, sync_catch_ups, cprofile)
 
     def add(i: int) -> None:
         prompt = [(7 * j + 13 * i) % 500 + 2 for j in range(128)]
@@ -231,6 +253,27 @@ def _profiled(out_dir: str | None, name: str):
         f.write(table.table(sort_by="self_cpu_time_total", row_limit=30))
 
 
+def _allocator_counts(device: str) -> dict:
+    """The CUDA caching allocator's counters that mean a host stall: retries after a failed
+    allocation (each frees cached blocks, a device-wide sync), device allocations and frees
+    (cudaMalloc / cudaFree); empty off CUDA."""
+    if device != "cuda":
+        return {}
+    st = torch.cuda.memory_stats()
+    return {k: st.get(k, 0) for k in ("num_alloc_retries", "num_device_alloc",
+                                      "num_device_free", "num_sync_all_streams")}
+
+
+def _write_host_profile(prof: cProfile.Profile, path: str) -> None:
+    """The profile by cumulative and by own time (the 40 costliest functions each)."""
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("cumulative").print_stats(40)
+    st.sort_stats("tottime").print_stats(40)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
+
+
 def _mark(path: str | None, text: str) -> None:
     """A line in the compile log: the compiles after it happened in this pass."""
     if path:
@@ -254,6 +297,9 @@ def main() -> None:
                     help="add one request every STAGGER steps (0: all at once)")
     ap.add_argument("--variants", nargs="+", default=["main"], choices=VARIANTS,
                     help="MTP backlog limits to run, each on the same MTP engine")
+    ap.add_argument("--cprofile", metavar="FILE",
+                    help="cProfile the host time of the MTP engine's catch-ups and synchronous "
+                         "steps in its warm pass at the largest concurrency into FILE")
     ap.add_argument("--find-syncs", metavar="FILE",
                     help="list the host syncs inside catch-ups (CUDA sync debug mode) in FILE")
     a = ap.parse_args()
@@ -278,12 +324,19 @@ def main() -> None:
                 for rnd in ("cold", "warm"):
                     _mark(a.log_compiles, f"{label} c={n} {rnd}")
                     prof = (a.torch_profile and n == max(a.concurrency) and rnd == "warm")
+                    host = (cProfile.Profile() if a.cprofile and cfg is not None
+                            and n == max(a.concurrency) and rnd == "warm" else None)
+                    before = _allocator_counts(a.device)
                     with _profiled(a.torch_profile if prof else None, label):
-                        tok_s, log = load(eng, n, a.new, a.sync_catch_ups, a.stagger)
+                        tok_s, log = load(eng, n, a.new, a.sync_catch_ups, a.stagger, host)
+                    if host is not None:
+                        _write_host_profile(host, f"{a.cprofile}.{label}.txt")
                     if prof:
                         with open(f"{a.torch_profile}/{label}-steps.json", "w") as f:
                             json.dump(dict(ms=log.ms, catch_up_ms=log.catch_up_ms), f)
                     summary = log.summary()
+                    summary["allocator"] = {k: v - before.get(k, 0)
+                                            for k, v in _allocator_counts(a.device).items()}
                     rows.setdefault(f"{n} {rnd}", {})[label] = dict(tok_s=round(tok_s, 1),
                                                                    **summary)
                     print(f"{label:>8} c={n:<3} {rnd} {tok_s:9.1f} tok/s  "

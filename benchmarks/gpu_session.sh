@@ -16,7 +16,8 @@
 #   --compare); catchup (no model needed: the MTP backlog's limits under load, the host syncs
 #   in catch-ups, bench --compare); prefill (the same after the medium GDN prefill, with its
 #   GPU test); backlog (eager prefill profiles, bench --compare with the backlog's step limit
-#   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 3).
+#   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 3); host (the GDN
+#   kernels' GPU tests, the MTP engine's host time under load by function).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -170,6 +171,21 @@ catchup)  # no model needed, about 8 minutes: the MTP backlog's limits under loa
   tar czf "$OUT/res.tgz" -C /tmp res
   hybrid_checkpoint
   hybrid_compare 200 /tmp/res/bench 2>&1 | tail -6
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+host)     # no model needed, about 6 minutes: the compiled GDN kernels' tests, then where the
+  # MTP engine's host time goes under load (cProfile of catch-ups and synchronous steps, the
+  # caching allocator's stalls), and the catch-ups' device time (synchronized around each)
+  mkdir -p /tmp/res
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "gated_delta or hybrid_model" 2>&1 \
+    | tee /tmp/res/gpu_tests.log | tail -3
+  timeout 170 python3 benchmarks/gpu_mtp_load.py --concurrency 64 --stagger 1 \
+    --json /tmp/res/load.json --cprofile /tmp/res/host 2>&1 | grep -v "it/s" > /tmp/res/load.log
+  tail -3 /tmp/res/load.log
+  tar czf "$OUT/res.tgz" -C /tmp res
+  timeout 150 python3 benchmarks/gpu_mtp_load.py --concurrency 64 --stagger 1 --sync-catch-ups \
+    --json /tmp/res/load-sync.json 2>&1 | grep -v "it/s" > /tmp/res/load-sync.log
+  tail -3 /tmp/res/load-sync.log
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
