@@ -17,7 +17,8 @@
 #   in catch-ups, bench --compare); prefill (the same after the medium GDN prefill, with its
 #   GPU test); backlog (eager prefill profiles, bench --compare with the backlog's step limit
 #   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 3); host (the GDN
-#   kernels' GPU tests, the MTP engine's host time under load by function).
+#   kernels' GPU tests, the MTP engine's host time under load by function); observe (one
+#   MTP catch-up's cost by batch and run length, profiled).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -186,6 +187,13 @@ host)     # no model needed, about 6 minutes: the compiled GDN kernels' tests, t
   timeout 150 python3 benchmarks/gpu_mtp_load.py --concurrency 64 --stagger 1 --sync-catch-ups \
     --json /tmp/res/load-sync.json 2>&1 | grep -v "it/s" > /tmp/res/load-sync.log
   tail -3 /tmp/res/load-sync.log
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+observe)  # no model needed, about 3 minutes: one MTP catch-up's cost by batch and run length,
+  # with torch.profiler and cProfile tables of the largest
+  mkdir -p /tmp/res
+  timeout 240 python3 benchmarks/gpu_mtp_observe.py --batch 1 16 64 --steps 1 4 16 \
+    --profile-dir /tmp/res --json /tmp/res/observe.json 2>&1 | grep -v "it/s" | tee /tmp/res/observe.log | tail -9
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
