@@ -83,9 +83,11 @@ class StepLog:
     """Wraps an engine's step kinds and its proposer's drafting and catch-up, and times them."""
 
     def __init__(self, eng: LLMEngine, sync_catch_ups: bool = False,
-                 cprofile: cProfile.Profile | None = None):
+                 cprofile: cProfile.Profile | None = None, slow_ms: float | None = None):
         self.eng, self.sync_catch_ups, self.cprofile = eng, sync_catch_ups, cprofile
         self._profiling = False
+        self.slow_ms = slow_ms   # each synchronous step cProfiled alone; those slower kept
+        self.slow: list[tuple[float, str]] = []   # (ms, profile text) of the slowest 4
         self.catch_up_ms: list[float] = []
         self.ms = defaultdict(list)       # kind -> wall ms of each step of that kind
         self.drafting_seqs: list[int] = []
@@ -134,11 +136,21 @@ class StepLog:
             self._profiling = False
 
     def _sync(self, f, *a):
-        t = time.perf_counter()
-        with self._host_profile():
-            out = f(*a)
+        if self.slow_ms is not None and self.cprofile is None:
+            prof = cProfile.Profile()
+            t = time.perf_counter()
+            out = prof.runcall(f, *a)
+            ms = (time.perf_counter() - t) * 1e3
+            if ms > self.slow_ms:
+                self.slow.append((ms, _profile_text(prof, 30)))
+                self.slow = sorted(self.slow, key=lambda x: -x[0])[:4]
+        else:
+            t = time.perf_counter()
+            with self._host_profile():
+                out = f(*a)
+            ms = (time.perf_counter() - t) * 1e3
         kind = "sync drafting" if self.eng._drafted else "sync plain"
-        self.ms[kind].append((time.perf_counter() - t) * 1e3)
+        self.ms[kind].append(ms)
         return out
 
     def _catch_up(self, f):
@@ -194,11 +206,12 @@ class StepLog:
 
 
 def load(eng: LLMEngine, n: int, new: int, sync_catch_ups: bool = False, stagger: int = 0,
-         cprofile: cProfile.Profile | None = None) -> tuple[float, StepLog]:
+         cprofile: cProfile.Profile | None = None, slow_ms: float | None = None
+         ) -> tuple[float, StepLog]:
     """``n`` greedy requests, added at once (``stagger`` 0) or one every ``stagger`` steps, as
     HTTP requests reach a server's engine loop over its first steps; (total tok/s from the first
     step to the last, the step log of this load)."""
-    log = StepLog(eng, sync_catch_ups, cprofile)
+    log = StepLog(eng, sync_catch_ups, cprofile, slow_ms)
 
     def add(i: int) -> None:
         prompt = [(7 * j + 13 * i) % 500 + 2 for j in range(128)]
@@ -264,14 +277,19 @@ def _allocator_counts(device: str) -> dict:
                                       "num_device_free", "num_sync_all_streams")}
 
 
-def _write_host_profile(prof: cProfile.Profile, path: str) -> None:
-    """The profile by cumulative and by own time (the 40 costliest functions each)."""
+def _profile_text(prof: cProfile.Profile, limit: int, by_own_time: bool = False) -> str:
+    """The profile's ``limit`` costliest functions by cumulative time (and by own time)."""
     buf = io.StringIO()
     st = pstats.Stats(prof, stream=buf)
-    st.sort_stats("cumulative").print_stats(40)
-    st.sort_stats("tottime").print_stats(40)
+    st.sort_stats("cumulative").print_stats(limit)
+    if by_own_time:
+        st.sort_stats("tottime").print_stats(limit)
+    return buf.getvalue()
+
+
+def _write_host_profile(prof: cProfile.Profile, path: str) -> None:
     with open(path, "w") as f:
-        f.write(buf.getvalue())
+        f.write(_profile_text(prof, 40, by_own_time=True))
 
 
 def _mark(path: str | None, text: str) -> None:
@@ -300,6 +318,9 @@ def main() -> None:
     ap.add_argument("--cprofile", metavar="FILE",
                     help="cProfile the host time of the MTP engine's catch-ups and synchronous "
                          "steps in its warm pass at the largest concurrency into FILE")
+    ap.add_argument("--slow-steps", nargs=2, metavar=("MS", "FILE"),
+                    help="cProfile each synchronous step alone; the 4 slowest over MS per pass "
+                         "into FILE")
     ap.add_argument("--find-syncs", metavar="FILE",
                     help="list the host syncs inside catch-ups (CUDA sync debug mode) in FILE")
     a = ap.parse_args()
@@ -328,7 +349,13 @@ def main() -> None:
                             and n == max(a.concurrency) and rnd == "warm" else None)
                     before = _allocator_counts(a.device)
                     with _profiled(a.torch_profile if prof else None, label):
-                        tok_s, log = load(eng, n, a.new, a.sync_catch_ups, a.stagger, host)
+                        tok_s, log = load(eng, n, a.new, a.sync_catch_ups, a.stagger, host,
+                                          float(a.slow_steps[0]) if a.slow_steps else None)
+                    if a.slow_steps and log.slow:
+                        with open(a.slow_steps[1], "a") as f:
+                            for ms, text in log.slow:
+                                f.write(f"== {label} c={n} {rnd}: sync step of {ms:.1f} ms\n"
+                                        f"{text}\n")
                     if host is not None:
                         _write_host_profile(host, f"{a.cprofile}.{label}.txt")
                     if prof:

@@ -49,7 +49,7 @@ def measure(eng, batch: int, steps: int, repeats: int, prof_dir: str | None) -> 
     timed catch-up (the first untimed: it may compile). Returns ms per catch-up and positions."""
     p = eng.proposer
     p.backlog.max_tokens = p.backlog.max_steps = 10 ** 9   # only the catch-ups here
-    n_steps = (repeats + 3) * steps + 8
+    n_steps = (repeats + 5) * steps + 8   # (the profiled catch-ups take two runs more)
     for i in range(batch):
         eng.add_request(f"b{batch}-{i}-{time.monotonic_ns()}",
                         [(7 * j + 13 * i) % 500 + 2 for j in range(128)],

@@ -18,7 +18,8 @@
 #   GPU test); backlog (eager prefill profiles, bench --compare with the backlog's step limit
 #   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 3); host (the GDN
 #   kernels' GPU tests, the MTP engine's host time under load by function); observe (one
-#   MTP catch-up's cost by batch and run length, profiled).
+#   MTP catch-up's cost by batch and run length, profiled); slow (the MTP engine's slowest
+#   synchronous steps under load, each profiled).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -194,6 +195,17 @@ observe)  # no model needed, about 3 minutes: one MTP catch-up's cost by batch a
   mkdir -p /tmp/res
   timeout 240 python3 benchmarks/gpu_mtp_observe.py --batch 1 16 64 --steps 1 4 16 \
     --profile-dir /tmp/res --json /tmp/res/observe.json 2>&1 | grep -v "it/s" | tee /tmp/res/observe.log | tail -9
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+slow)     # no model needed, about 4 minutes: the slowest synchronous steps of the MTP engine
+  # under load (64 requests at once, then one per step), each cProfiled alone
+  mkdir -p /tmp/res
+  for st in 0 1; do
+    timeout 150 python3 benchmarks/gpu_mtp_load.py --concurrency 64 --stagger $st \
+      --json /tmp/res/load-s$st.json --slow-steps 25 /tmp/res/slow-s$st.txt 2>&1 \
+      | grep -v "it/s" > /tmp/res/load-s$st.log
+    tail -2 /tmp/res/load-s$st.log
+  done
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
