@@ -201,6 +201,32 @@ def test_policy_that_drafts_nothing_lets_every_step_overlap():
     assert drafts == [[d for _, d in call] for call in log0] and len(log) >= 3
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_benched_requests_are_never_observed_and_scouts_still_draft(overlap):
+    """While the acceptance pooled over earlier requests prices drafting out, new requests are
+    benched (spec/shared_acceptance.py): the MTP keeps no state for them and runs no forward
+    over their positions. With a scout every 2nd request, only the scouts get MTP states and
+    drafts (accepted ones: the trained MTP). Tokens equal plain decoding in both."""
+    prompts = held_out_prompts(4, 6)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
+    llm, log, counts = engine(overlap, (True,))   # the gate always allows drafting
+    p = llm.engine.proposer
+    p.policy.shared.trials = 1e6                 # pooled acceptance ~0: every start priced out
+    p.policy.shared.scout_every = 10 ** 9
+    made, state = [], p._state
+    p._state = lambda seq: (made.append(seq.request_id), state(seq))[1]
+    assert _generate(llm, prompts, params) == want
+    assert log == [] and made == [] and counts["forwards"] == 0 and not p.states
+    assert llm.engine.spec_metrics.num_draft_tokens == 0
+    p.policy.shared.scout_every = 2
+    assert _generate(llm, prompts, params) == want
+    scouts = sorted(set(made))
+    assert len(scouts) == 2 and not p.states
+    assert {rid for call in log for rid, _ in call} == set(scouts)
+    assert llm.engine.spec_metrics.num_accepted_tokens > 0
+
+
 def test_penalties_keep_mtp_steps_synchronous():
     """A request that reads its output so far (a repetition penalty) keeps every step
     synchronous, even when nothing drafts."""

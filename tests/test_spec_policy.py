@@ -40,7 +40,13 @@ def test_estimate_follows_each_request():
     assert p.acceptance(good) > 0.95 and p.acceptance(bad) < 0.05
     assert p.num_drafts(good) == 4 and p.num_drafts(bad) == 0
     p.forget(bad)
-    assert p.acceptance(bad) == p.prior
+    # a new start: the acceptance pooled over both requests' 20 verify steps (decay 0.99 each)
+    succ = trials = 0.0
+    for _ in range(10):
+        succ, trials = 0.99 * succ + 4, 0.99 * trials + 4
+        succ, trials = 0.99 * succ, 0.99 * trials + 1
+    assert p.acceptance(bad) == pytest.approx((0.6 * 4 + succ) / (4 + trials), rel=1e-12)
+    assert not p.benched(bad)
 
 
 def test_an_idle_request_drifts_back_and_tries_again():

@@ -136,6 +136,7 @@ class MTPProposer(Proposer):
         run short elsewhere than in the synchronous engine when preempted sequences hold shadow
         blocks: another sequence's state broke for good, so other sequences drafted (and a
         seeded sampling request drew other tokens)."""
+        admitted = False
         for s in sched.scheduled:
             if s.seq.finishes_by_length:   # its last step: never observed (as the sync engine)
                 continue
@@ -143,6 +144,9 @@ class MTPProposer(Proposer):
             st = self._admit(s.seq, s.seq.num_computed_tokens - n, n)
             if st is not None:   # its K/V comes in the catch-up's forward
                 st.shadow.num_computed_tokens += n
+                admitted = True
+        if not admitted:   # every sequence benched, broken or finishing: nothing to observe
+            return
         self.backlog.add(sched, hidden, next_ids)
         if self.backlog.full:
             self.catch_up()
@@ -177,7 +181,10 @@ class MTPProposer(Proposer):
     def _admit(self, seq: Sequence, start: int, n: int) -> _MTPState | None:
         """``seq``'s MTP state, its shadow given blocks for an observe of ``n`` positions from
         ``start``; None (the state broken for good) when the shadow is not in step with
-        ``start`` or the pool has no block for it."""
+        ``start`` or the pool has no block for it; None (no state at all) for a sequence the
+        policy benched (spec/shared_acceptance.py): it never drafts, so it is never observed."""
+        if self._benched(seq):
+            return None
         st = self._state(seq)
         sh = st.shadow
         sh.token_ids = seq.token_ids[1:]
@@ -266,7 +273,7 @@ class MTPProposer(Proposer):
         if not (self.draft_ahead and self.use_chain and any(s.draft_token_ids
                                                              for s in scheduled)):
             return None
-        rows = [i for i, s in enumerate(scheduled) if decodes(s)]
+        rows = [i for i, s in enumerate(scheduled) if decodes(s) and not self._benched(s.seq)]
         states = [self.states.get(scheduled[i].seq.request_id) for i in rows]
         # sampled rows: when the engine lends its sampler, and not with drafts drawn from q
         # (their residual needs q, kept on the host)
@@ -294,7 +301,7 @@ class MTPProposer(Proposer):
         """Shadow blocks :meth:`observe` takes for the prefill chunk ``s`` this step (at most:
         a chunk that finishes its request is not observed)."""
         st = self.states.get(s.seq.request_id)
-        if st is not None and st.broken:
+        if (st is not None and st.broken) or self._benched(s.seq):
             return 0
         tokens = s.seq.num_computed_tokens + s.num_new_tokens
         held = len(st.shadow.block_table) if st is not None else 0
@@ -587,9 +594,15 @@ class MTPProposer(Proposer):
         return super().drafts_nothing([s for s in seqs if not self._never_drafts(s)], allowed)
 
     def _never_drafts(self, seq: Sequence) -> bool:
-        """``seq``'s MTP state broke for good (the shadow fell out of step or found no block)."""
+        """``seq``'s MTP state broke for good (the shadow fell out of step or found no block),
+        or the policy benched it."""
         st = self.states.get(seq.request_id)
-        return st is not None and st.broken
+        return (st is not None and st.broken) or self._benched(seq)
+
+    def _benched(self, seq: Sequence) -> bool:
+        """The policy benched ``seq`` (spec/shared_acceptance.py): never observed, never drafts."""
+        benched = getattr(self.policy, "benched", None)   # (a policy of one's own may lack it)
+        return benched is not None and benched(seq)
 
     def release(self, seq: Sequence) -> None:
         super().release(seq)

@@ -14,8 +14,10 @@ The policy picks the m in 0..k that maximises E(m) / C(m); m = 0 means plain dec
 a is estimated per request from its own verify steps with exponential forgetting: each step that
 verified m drafts and accepted j adds j successes out of j + (1 if j < m else 0) trials (the
 maximum-likelihood count for a truncated geometric). Before any evidence the estimate starts at
-``prior``; while a request does not draft, its estimate slowly returns to the prior, so that it
-tries again later.
+the acceptance pooled over earlier requests (shared_acceptance.py; ``prior`` while there is
+none); while a request does not draft, its estimate slowly returns there, so that it tries again
+later. A request that starts priced out (no m pays at the cost model's price) is benched for
+good, unless it is that module's scout.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from dataclasses import dataclass
 
 from mtpserve.engine.sequence import Sequence
 from mtpserve.spec.load_gate import LoadGate
+from mtpserve.spec.shared_acceptance import SharedAcceptance
 
 
 @dataclass
 class _Estimate:
     successes: float
     trials: float
+    benched: bool = False   # started priced out: never drafts (shared_acceptance.py)
 
 
 class DraftLengthPolicy:
@@ -42,15 +46,18 @@ class DraftLengthPolicy:
         draft_cost: beta alone, added to the measured ratio until ``drafts_measured()`` says
         the measured steps with drafts include the proposer's time (the step timer times
         whole steps: adding beta then would count the proposer twice);
-        prior: starting acceptance estimate; prior_weight: its weight in trials;
+        prior: acceptance estimate before any evidence; prior_weight: a request's starting
+        estimate's weight in trials (the pooled estimate's prior weighs twice that);
         decay: forgetting factor per verify step; gate: the measured veto by batch size
-        (load_gate.py), None for none.
+        (load_gate.py), None for none; shared: the acceptance pooled over requests
+        (shared_acceptance.py; default: a fresh one).
     """
 
     def __init__(self, k: int, cost_per_draft: float, prior: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, step_cost=None,
                  draft_cost: float = 0.0, gate: LoadGate | None = None,
-                 drafts_measured=None):
+                 drafts_measured=None, shared: SharedAcceptance | None = None):
+        self.shared = shared or SharedAcceptance()
         self.gate = gate
         self.drafts_measured = drafts_measured   # () -> bool, or None: never
         self.k, self.cost, self.draft_cost = k, cost_per_draft, draft_cost
@@ -106,11 +113,18 @@ class DraftLengthPolicy:
         return 1 + self.cost * m
 
     def acceptance(self, seq: Sequence) -> float:
-        e = self._est.get(seq.request_id)
-        return self.prior if e is None else e.successes / e.trials
+        e = self._seen(seq)
+        return e.successes / e.trials
+
+    def benched(self, seq: Sequence) -> bool:
+        """Whether ``seq`` sits out speculation for good: it started priced out and is no scout
+        (shared_acceptance.py). Decided at the policy's first sight of ``seq``."""
+        return self._seen(seq).benched
 
     def num_drafts(self, seq: Sequence) -> int:
         """Best m in 0..k for this request now."""
+        if self.benched(seq):
+            return 0
         best = self._best(self.acceptance(seq))
         if best == 0:  # not drafting: drift back towards the prior so that it tries again
             self._update(seq, 0, 0, idle=True)
@@ -119,17 +133,19 @@ class DraftLengthPolicy:
     def would_draft(self, seq: Sequence) -> int:
         """What :meth:`num_drafts` answers for ``seq`` now, without its side effect (the drift
         towards the prior of a request that does not draft)."""
-        return self._best(self.acceptance(seq))
+        return 0 if self.benched(seq) else self._best(self.acceptance(seq))
 
     def num_drafts_after(self, seq: Sequence, num_drafts: int, num_accepted: int) -> int:
         """What :meth:`num_drafts` will answer for ``seq`` once a verify step of ``num_drafts``
         drafts that accepted ``num_accepted`` is recorded, priced at this step's batch size;
         changes nothing (drafting ahead plans the next drafts before the step is read back:
         spec/draft_ahead.py)."""
-        e = self._est.get(seq.request_id)
+        e = self._seen(seq)
+        if e.benched:
+            return 0
         if num_drafts:
-            e = _updated(e or self._start(), num_drafts, num_accepted, self.decay)
-        return self._best(self.prior if e is None else e.successes / e.trials)
+            e = _updated(e, num_drafts, num_accepted, self.decay)
+        return self._best(e.successes / e.trials)
 
     def _best(self, acceptance: float) -> int:
         """The m in 0..k of the highest E(m) / C(m) at this step's costs."""
@@ -146,22 +162,49 @@ class DraftLengthPolicy:
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         if num_drafts:
             self._update(seq, num_drafts, num_accepted)
+            self.shared.record(num_drafts, num_accepted)
 
     def forget(self, seq: Sequence) -> None:
         self._est.pop(seq.request_id, None)
 
+    def pooled(self) -> float:
+        """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
+        return self.shared.estimate(self.prior, 2 * self.prior_weight)
+
+    def priced_out(self, acceptance: float) -> bool:
+        """Whether no m in 1..k pays at ``acceptance`` even at the cost model's price
+        (``1 + cost_per_draft * m`` plain steps: the cheapest a drafting step gets, batch 1)."""
+        a = min(acceptance, 0.999)
+        return all((1 - a ** (m + 1)) / (1 - a) <= 1 + self.cost * m
+                   for m in range(1, self.k + 1))
+
+    def _seen(self, seq: Sequence) -> _Estimate:
+        """``seq``'s estimate, started at first sight (:meth:`_start`)."""
+        e = self._est.get(seq.request_id)
+        if e is None:
+            e = self._est[seq.request_id] = self._start()
+        return e
+
     def _start(self) -> _Estimate:
-        return _Estimate(self.prior * self.prior_weight, self.prior_weight)
+        """A new request's estimate: the pooled acceptance; benched when that is priced out,
+        unless the request is a scout, which starts from ``prior``."""
+        a, w = self.pooled(), self.prior_weight
+        if self.priced_out(a):
+            if not self.shared.scout():
+                return _Estimate(a * w, w, benched=True)
+            a = self.prior
+        return _Estimate(a * w, w)
 
     def _update(self, seq: Sequence, m: int, j: int, idle: bool = False) -> None:
-        e = self._est.setdefault(seq.request_id, self._start())
+        e = self._seen(seq)
         if idle:
             w = 1 - self.decay ** 0.25
-            e.successes += w * (self.prior * e.trials - e.successes)
+            e.successes += w * (self.pooled() * e.trials - e.successes)
             return
         self._est[seq.request_id] = _updated(e, m, j, self.decay)
 
 
 def _updated(e: _Estimate, m: int, j: int, decay: float) -> _Estimate:
     """``e`` after a verify step of m drafts that accepted j (see the module doc)."""
-    return _Estimate(decay * e.successes + j, decay * e.trials + j + (1 if j < m else 0))
+    return _Estimate(decay * e.successes + j, decay * e.trials + j + (1 if j < m else 0),
+                     e.benched)

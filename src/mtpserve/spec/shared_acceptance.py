@@ -1,0 +1,59 @@
+"""Draft acceptance learned across requests: where each new request's own estimate starts, and
+which new requests sit out speculation altogether.
+
+The draft-length policy (policy.py) learns each request's acceptance from its own verify steps,
+starting from a fixed prior. A proposer whose drafts are rarely accepted (an MTP layer that does
+not match the model or the domain, an n-gram proposer on open chat) then costs every new request
+its first verify steps, and an MTP proposer costs more: it observes every position of every
+request (spec/mtp.py), so that any of them could draft later. On the H200 an MTP server whose
+drafts were all rejected ran 10-16% slower than plain decoding at 16-64 concurrent requests
+(BENCHMARKS.md, session 13), most of it that upkeep.
+
+So the evidence of all verify steps is pooled here, with exponential forgetting, and a new
+request starts from the pooled estimate (an empirical-Bayes prior: the configured prior with a
+pseudo-count, plus the pooled successes and trials). A request that starts where no draft length
+pays even at the cost model's price (policy.py ``priced_out``) is *benched*: it never drafts,
+and the MTP never observes it. One priced-out start in ``scout_every`` goes out as a *scout*
+instead, from the configured prior, so that the pooled estimate keeps learning and speculation
+comes back when the drafts get better.
+"""
+
+from __future__ import annotations
+
+
+class SharedAcceptance:
+    """Pooled acceptance evidence of all requests' verify steps.
+
+    Args:
+        decay: weight of the old evidence when a verify step is recorded (0..1; 0.99 keeps
+            about the last 100 steps' worth);
+        scout_every: one priced-out start in this many drafts anyway (>= 1).
+
+    Raises:
+        ValueError: ``decay`` outside [0, 1] or ``scout_every`` < 1.
+    """
+
+    def __init__(self, decay: float = 0.99, scout_every: int = 8):
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        if scout_every < 1:
+            raise ValueError(f"scout_every must be at least 1, got {scout_every}")
+        self.decay, self.scout_every = decay, scout_every
+        self.successes = self.trials = 0.0
+        self._priced_out_starts = 0
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        """A verify step of ``num_drafts`` (> 0) drafts accepted ``num_accepted``: the same
+        truncated-geometric count as a request's own (policy.py)."""
+        d = self.decay
+        self.successes = d * self.successes + num_accepted
+        self.trials = d * self.trials + num_accepted + (1 if num_accepted < num_drafts else 0)
+
+    def estimate(self, prior: float, weight: float) -> float:
+        """Acceptance per draft: ``prior`` with ``weight`` pseudo-trials, plus the evidence."""
+        return (prior * weight + self.successes) / (weight + self.trials)
+
+    def scout(self) -> bool:
+        """Count one priced-out start; True for every ``scout_every``-th (it drafts anyway)."""
+        self._priced_out_starts += 1
+        return self._priced_out_starts % self.scout_every == 0

@@ -1,0 +1,73 @@
+"""Acceptance pooled over requests (spec/shared_acceptance.py): where new requests' estimates
+start, which ones are benched (never draft), and the scouts that keep the pool learning."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtpserve.engine.sequence import Sequence
+from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec.policy import DraftLengthPolicy
+from mtpserve.spec.shared_acceptance import SharedAcceptance
+
+
+def seq(rid):
+    return Sequence(rid, [1, 2, 3], SamplingParams(), (), 100, None, None)
+
+
+def test_pooled_estimate_is_the_prior_plus_decayed_evidence():
+    s = SharedAcceptance(decay=0.5)
+    assert s.estimate(0.8, 2.0) == 0.8
+    s.record(3, 2)   # 2 successes of 3 trials (2 accepted, then a rejection)
+    s.record(3, 0)   # 0 of 1
+    assert (s.successes, s.trials) == (1.0, 2.5)
+    assert s.estimate(0.8, 2.0) == pytest.approx((1.6 + 1.0) / 4.5, rel=1e-12)
+    s.record(2, 2)   # all accepted: no rejection counted
+    assert (s.successes, s.trials) == (2.5, 3.25)
+
+
+def test_every_nth_priced_out_start_is_a_scout():
+    s = SharedAcceptance(scout_every=3)
+    assert [s.scout() for _ in range(7)] == [False, False, True, False, False, True, False]
+
+
+@pytest.mark.parametrize("kw, msg", [(dict(decay=1.5), "decay must be in"),
+                                     (dict(scout_every=0), "scout_every must be at least 1")])
+def test_bad_settings_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SharedAcceptance(**kw)
+
+
+def test_requests_start_benched_while_the_pooled_acceptance_is_priced_out():
+    """An MTP-like policy (k 3, 0.27 plain steps per draft) whose first request had every
+    draft rejected: new requests start from the pooled 0.236, where nothing pays, so they are
+    benched (0 drafts whatever happens), except every 8th, a scout from the prior 0.8. Once
+    the scout's drafts are accepted the pool recovers: the next request drafts again, while
+    the benched ones stay benched."""
+    p = DraftLengthPolicy(3, 0.27, prior=0.8)
+    first = seq("first")
+    for _ in range(10):
+        p.record(first, 3, 0)
+    pooled = 0.8 * 4 / (4 + sum(0.99 ** i for i in range(10)))
+    assert p.pooled() == pytest.approx(pooled, rel=1e-12) and p.priced_out(pooled)
+    assert not p.priced_out(0.3)
+    new = [seq(f"r{i}") for i in range(1, 9)]
+    assert [p.benched(s) for s in new] == [True] * 7 + [False]
+    bench, scout = new[0], new[7]
+    assert p.acceptance(bench) == pytest.approx(pooled, rel=1e-12)
+    assert p.num_drafts(bench) == p.would_draft(bench) == p.num_drafts_after(bench, 3, 3) == 0
+    assert p.acceptance(scout) == 0.8 and p.num_drafts(scout) == 3
+    for _ in range(20):
+        p.record(scout, 3, 3)
+    assert not p.priced_out(p.pooled())
+    later = seq("later")
+    assert not p.benched(later) and p.acceptance(later) == pytest.approx(p.pooled())
+    assert p.num_drafts(later) == 3
+    p.record(bench, 3, 3)   # (never happens: a benched request verifies no drafts)
+    assert p.benched(bench) and p.num_drafts(bench) == 0
+
+
+def test_without_evidence_a_request_starts_at_the_prior():
+    p = DraftLengthPolicy(3, 0.27, prior=0.8)
+    s = seq("a")
+    assert p.pooled() == 0.8 and p.acceptance(s) == 0.8 and not p.benched(s)
