@@ -37,6 +37,7 @@ from mtpserve.engine.forward_batch import to_device
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.pending_drafts import PendingDrafts
+from mtpserve.spec.shared_acceptance import SharedAcceptance
 
 PROMPT = [(7 * j) % 500 + 2 for j in range(128)]
 
@@ -143,14 +144,18 @@ def forced_run(eng: LLMEngine, reference: list[int], accept: int, new: int,
 
 
 def fresh_gate(eng: LLMEngine) -> None:
-    """With ``--adaptive``: a new load gate (spec/load_gate.py) for each acceptance level, as
-    a server that has seen only that acceptance. The gate is per batch size, not per request:
-    after the drafts of one level lost to plain steps it vetoes drafting for the next level
-    too, and its probes (one step in 32, blended in at weight 0.2) take ~100 steps to lift
-    the veto (H200 run 8: 1.00 tokens per step at every level)."""
+    """With ``--adaptive``: a new load gate (spec/load_gate.py) and a new pooled acceptance
+    (spec/shared_acceptance.py) for each acceptance level, as a server that has seen only that
+    acceptance. The gate is per batch size, not per request: after the drafts of one level lost
+    to plain steps it vetoes drafting for the next level too, and its probes (one step in 32,
+    blended in at weight 0.2) take ~100 steps to lift the veto (H200 run 8: 1.00 tokens per
+    step at every level); the pool would bench the requests after a level that accepted
+    nothing."""
     policy = eng.proposer.policy
     if policy is not None and policy.gate is not None:
         policy.gate = LoadGate(policy.gate.probe_every, policy.gate.decay)
+    if policy is not None:
+        policy.shared = SharedAcceptance(policy.shared.decay, policy.shared.scout_every)
 
 
 def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,

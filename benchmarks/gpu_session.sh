@@ -19,7 +19,8 @@
 #   16 and 4); twice (bench --compare twice); rounds (bench --compare --rounds 3); host (the GDN
 #   kernels' GPU tests, the MTP engine's host time under load by function); observe (one
 #   MTP catch-up's cost by batch and run length, profiled); slow (the MTP engine's slowest
-#   synchronous steps under load, each profiled).
+#   synchronous steps under load, each profiled); pool (bench --compare --rounds 3 at 1, 16, 64
+#   after the GPU tests of the MTP engine's async steps).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -206,6 +207,15 @@ slow)     # no model needed, about 4 minutes: the slowest synchronous steps of t
       | grep -v "it/s" > /tmp/res/load-s$st.log
     tail -2 /tmp/res/load-s$st.log
   done
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+pool)     # no model needed, about 7 minutes: the async-MTP GPU tests, then bench --compare in 3
+  # rounds at 1, 16 and 64 (the pooled acceptance benching new requests when drafts do not pay)
+  mkdir -p /tmp/res
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "overlap or drafts_ahead or chain_graph" \
+    2>&1 | tee /tmp/res/gpu_tests.log | tail -3
+  hybrid_checkpoint
+  hybrid_compare 330 /tmp/res/bench --rounds 3 2>&1 | tail -18
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac

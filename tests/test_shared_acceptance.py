@@ -53,6 +53,7 @@ def test_requests_start_benched_while_the_pooled_acceptance_is_priced_out():
     assert not p.priced_out(0.3)
     new = [seq(f"r{i}") for i in range(1, 9)]
     assert [p.benched(s) for s in new] == [True] * 7 + [False]
+    assert (p.shared.num_benched, p.shared.num_scouts) == (7, 1)
     bench, scout = new[0], new[7]
     assert p.acceptance(bench) == pytest.approx(pooled, rel=1e-12)
     assert p.num_drafts(bench) == p.would_draft(bench) == p.num_drafts_after(bench, 3, 3) == 0
@@ -71,3 +72,21 @@ def test_without_evidence_a_request_starts_at_the_prior():
     p = DraftLengthPolicy(3, 0.27, prior=0.8)
     s = seq("a")
     assert p.pooled() == 0.8 and p.acceptance(s) == 0.8 and not p.benched(s)
+
+
+def test_benched_and_scout_requests_are_counted_on_metrics():
+    from mtpserve.server.spec_metrics import SpecDecodeCollector
+    from mtpserve.spec.metrics import SpecMetrics
+
+    m = SpecMetrics(3)
+    m.record(3, 1)
+    assert (m.num_benched_requests, m.num_scout_requests) == (0, 0)   # no pool: none
+    m.pool = SharedAcceptance(scout_every=4)
+    for _ in range(9):
+        m.pool.scout()
+    samples = {s.name: s.value for fam in SpecDecodeCollector(lambda: {"spec": m}).collect()
+               for s in fam.samples}
+    p = "mtpserve:spec_decode_"
+    assert samples[p + "num_benched_requests_total"] == 7
+    assert samples[p + "num_scout_requests_total"] == 2
+    assert samples[p + "num_verify_steps_total"] == 1

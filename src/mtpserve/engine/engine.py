@@ -75,6 +75,7 @@ class LLMEngine:
         self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
         self.step_timer = StepTimer()   # before the proposer: its policy reads it
         self.proposer = build_proposer(config.speculative, self)
+        self.spec_metrics.pool = getattr(getattr(self.proposer, "policy", None), "shared", None)
         self.stats_logger = StatsLogger()
         self.async_scheduling = (self.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)

@@ -33,6 +33,8 @@ class StatsLogger:
             accepted = spec.num_accepted_tokens - self._accepted0
             line += (f", spec: acceptance rate {accepted / max(drafts, 1):.2f}, acceptance "
                      f"length {(accepted + steps) / steps:.2f}")
+        if spec.num_benched_requests:
+            line += f", {spec.num_benched_requests} requests benched (drafts did not pay)"
         logger.info(line)
         self._t0, self._tokens = now, 0
         self._drafts0, self._accepted0 = spec.num_draft_tokens, spec.num_accepted_tokens

@@ -3,6 +3,9 @@
 - ``mtpserve:spec_decode_num_draft_tokens_total``: draft tokens verified by the target,
 - ``mtpserve:spec_decode_num_accepted_tokens_total``: of those, accepted,
 - ``mtpserve:spec_decode_num_verify_steps_total``: verify steps (steps that carried drafts),
+- ``mtpserve:spec_decode_num_benched_requests_total``: requests that sat out speculation, started
+  while the acceptance pooled over earlier requests paid for no draft (spec/shared_acceptance.py),
+- ``mtpserve:spec_decode_num_scout_requests_total``: requests that started so but drafted anyway,
 - ``mtpserve:spec_decode_accepted_tokens_per_step``: histogram of accepted drafts per verify step
   (buckets 0..k); acceptance length = 1 + sum / count.
 """
@@ -33,7 +36,11 @@ class SpecDecodeCollector:
         for name, value, doc in (
                 ("num_draft_tokens", spec.num_draft_tokens, "Draft tokens verified."),
                 ("num_accepted_tokens", spec.num_accepted_tokens, "Draft tokens accepted."),
-                ("num_verify_steps", spec.num_verify_steps, "Steps that verified drafts.")):
+                ("num_verify_steps", spec.num_verify_steps, "Steps that verified drafts."),
+                ("num_benched_requests", spec.num_benched_requests,
+                 "Requests that sat out speculation (pooled acceptance paid for no draft)."),
+                ("num_scout_requests", spec.num_scout_requests,
+                 "Requests that drafted although the pooled acceptance paid for no draft.")):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
         cumulative, buckets = 0, []
         for j, count in enumerate(list(spec.accepted_per_step)):

@@ -8,10 +8,13 @@ class SpecMetrics:
 
     ``accepted_per_step[j]`` is how many verify steps accepted exactly j drafts (0..k).
     Acceptance length = tokens emitted per verify step, bonus included
-    = (accepted + steps) / steps.
+    = (accepted + steps) / steps. ``pool``: the adaptive policy's pooled acceptance
+    (spec/shared_acceptance.py), whose counts of benched and scout requests are reported too;
+    None without one.
     """
 
     def __init__(self, k: int):
+        self.pool = None
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.num_verify_steps = 0
@@ -22,6 +25,16 @@ class SpecMetrics:
         self.num_accepted_tokens += num_accepted
         self.num_verify_steps += 1
         self.accepted_per_step[num_accepted] += 1
+
+    @property
+    def num_benched_requests(self) -> int:
+        """Requests that sat out speculation: they started where no draft paid."""
+        return self.pool.num_benched if self.pool is not None else 0
+
+    @property
+    def num_scout_requests(self) -> int:
+        """Requests that started priced out but drafted anyway, to keep the pool learning."""
+        return self.pool.num_scouts if self.pool is not None else 0
 
     @property
     def acceptance_rate(self) -> float | None:

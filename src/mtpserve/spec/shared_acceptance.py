@@ -41,6 +41,7 @@ class SharedAcceptance:
         self.decay, self.scout_every = decay, scout_every
         self.successes = self.trials = 0.0
         self._priced_out_starts = 0
+        self.num_benched = self.num_scouts = 0   # requests started each way (for /metrics)
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         """A verify step of ``num_drafts`` (> 0) drafts accepted ``num_accepted``: the same
@@ -54,6 +55,12 @@ class SharedAcceptance:
         return (prior * weight + self.successes) / (weight + self.trials)
 
     def scout(self) -> bool:
-        """Count one priced-out start; True for every ``scout_every``-th (it drafts anyway)."""
+        """Count one priced-out start; True for every ``scout_every``-th (it drafts anyway),
+        False for the others (benched)."""
         self._priced_out_starts += 1
-        return self._priced_out_starts % self.scout_every == 0
+        scout = self._priced_out_starts % self.scout_every == 0
+        if scout:
+            self.num_scouts += 1
+        else:
+            self.num_benched += 1
+        return scout
