@@ -137,7 +137,12 @@ class MTPProposer(Proposer):
         blocks: another sequence's state broke for good, so other sequences drafted (and a
         seeded sampling request drew other tokens)."""
         admitted = False
-        for s in sched.scheduled:
+        scheduled = sched.scheduled
+        unbenched = getattr(self.policy, "unbenched", None)
+        if unbenched is not None:   # one pass: benched sequences are never observed
+            keep = {id(q) for q in unbenched([s.seq for s in scheduled])}
+            scheduled = [s for s in scheduled if id(s.seq) in keep]
+        for s in scheduled:
             if s.seq.finishes_by_length:   # its last step: never observed (as the sync engine)
                 continue
             n = s.num_new_tokens
@@ -591,7 +596,9 @@ class MTPProposer(Proposer):
     def drafts_nothing(self, seqs: list[Sequence], allowed: bool) -> bool:
         """As Proposer's, leaving out sequences whose MTP state broke: they never draft again
         (else every step the gate allows them would drain the pipeline for nothing)."""
-        return super().drafts_nothing([s for s in seqs if not self._never_drafts(s)], allowed)
+        states = self.states
+        return super().drafts_nothing(
+            [s for s in seqs if not ((st := states.get(s.request_id)) and st.broken)], allowed)
 
     def _never_drafts(self, seq: Sequence) -> bool:
         """``seq``'s MTP state broke for good (the shadow fell out of step or found no block),

@@ -121,6 +121,12 @@ class DraftLengthPolicy:
         (shared_acceptance.py). Decided at the policy's first sight of ``seq``."""
         return self._seen(seq).benched
 
+    def unbenched(self, seqs: list[Sequence]) -> list[Sequence]:
+        """The sequences of ``seqs`` not benched, in order: one pass for a step's per-sequence
+        checks (a server whose requests are all benched then spends ~nothing on them)."""
+        est = self._est
+        return [s for s in seqs if not (est.get(s.request_id) or self._seen(s)).benched]
+
     def num_drafts(self, seq: Sequence) -> int:
         """Best m in 0..k for this request now."""
         if self.benched(seq):

@@ -48,6 +48,8 @@ class Proposer(ABC):
         (``allowed``: :meth:`allow_drafts`'s answer); changes nothing."""
         if not allowed:
             return True
+        if self.policy is not None and hasattr(self.policy, "unbenched"):
+            seqs = self.policy.unbenched(seqs)
         return all(min(self.k, seq.room_for_drafts) == 0
                    or (self.policy is not None and self.policy.would_draft(seq) == 0)
                    for seq in seqs)
@@ -60,8 +62,11 @@ class Proposer(ABC):
             allowed = self.allow_drafts(len(seqs))
         for seq in seqs:
             seq.draft_token_ids, seq.draft_probs = [], None
-            if not allowed:
-                continue
+        if not allowed:
+            return
+        if self.policy is not None and hasattr(self.policy, "unbenched"):
+            seqs = self.policy.unbenched(seqs)
+        for seq in seqs:
             budget = min(self.k, seq.room_for_drafts)
             if budget and self.policy is not None:
                 budget = min(budget, self.policy.num_drafts(seq))
