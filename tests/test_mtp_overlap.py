@@ -17,6 +17,7 @@ from mtpserve import LLM, SamplingParams
 from mtpserve.engine.overlap import PendingStep, next_token_ids
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
+from mtpserve.spec.shared_acceptance import SharedAcceptance
 from test_async_scheduling import ScriptedGate
 from test_draft_ahead import KW, K
 from trained_hybrid import held_out_prompts, trained_hybrid_dir
@@ -212,14 +213,15 @@ def test_benched_requests_are_never_observed_and_scouts_still_draft(overlap):
     want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
     llm, log, counts = engine(overlap, (True,))   # the gate always allows drafting
     p = llm.engine.proposer
+    p.policy.shared = SharedAcceptance(scout_every=10 ** 9)
     p.policy.shared.trials = 1e6                 # pooled acceptance ~0: every start priced out
-    p.policy.shared.scout_every = 10 ** 9
     made, state = [], p._state
     p._state = lambda seq: (made.append(seq.request_id), state(seq))[1]
     assert _generate(llm, prompts, params) == want
     assert log == [] and made == [] and counts["forwards"] == 0 and not p.states
     assert llm.engine.spec_metrics.num_draft_tokens == 0
-    p.policy.shared.scout_every = 2
+    p.policy.shared = SharedAcceptance(scout_every=2)
+    p.policy.shared.trials = 1e6
     assert _generate(llm, prompts, params) == want
     scouts = sorted(set(made))
     assert len(scouts) == 2 and not p.states

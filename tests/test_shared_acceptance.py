@@ -31,6 +31,30 @@ def test_every_nth_priced_out_start_is_a_scout():
     assert [s.scout() for _ in range(7)] == [False, False, True, False, False, True, False]
 
 
+def test_scouts_that_confirm_the_bench_come_ever_less_often():
+    """A scout ending priced out doubles the interval (8, 16, 32, ... up to 128); one that
+    found drafts paying brings it back to 8; the countdown follows the change."""
+    s = SharedAcceptance(scout_every=8)
+
+    def starts_to_next_scout():
+        n = 1
+        while not s.scout():
+            n += 1
+        return n
+
+    gaps = []
+    for pays in (False, False, False, False, False, True):
+        gaps.append(starts_to_next_scout())
+        s.scout_done(drafts_pay=pays)
+    assert gaps == [8, 16, 32, 64, 128, 128] and s.max_scout_every == 128
+    assert s.interval == 8 and starts_to_next_scout() == 8
+    for _ in range(3):   # 3 starts into an interval of 8, then a scout confirms: 16 - 3
+        s.scout()
+    s.scout_done(drafts_pay=False)
+    assert starts_to_next_scout() == 13
+    assert (s.num_scouts, s.num_benched) == (8, 8 + 16 + 32 + 64 + 128 + 128 + 8 + 3 + 13 - 8)
+
+
 @pytest.mark.parametrize("kw, msg", [(dict(decay=1.5), "decay must be in"),
                                      (dict(scout_every=0), "scout_every must be at least 1")])
 def test_bad_settings_are_refused(kw, msg):
@@ -54,6 +78,7 @@ def test_requests_start_benched_while_the_pooled_acceptance_is_priced_out():
     new = [seq(f"r{i}") for i in range(1, 9)]
     assert [p.benched(s) for s in new] == [True] * 7 + [False]
     assert (p.shared.num_benched, p.shared.num_scouts) == (7, 1)
+    assert p.shared.interval == 8
     bench, scout = new[0], new[7]
     assert p.acceptance(bench) == pytest.approx(pooled, rel=1e-12)
     assert p.num_drafts(bench) == p.would_draft(bench) == p.num_drafts_after(bench, 3, 3) == 0
@@ -66,6 +91,27 @@ def test_requests_start_benched_while_the_pooled_acceptance_is_priced_out():
     assert p.num_drafts(later) == 3
     p.record(bench, 3, 3)   # (never happens: a benched request verifies no drafts)
     assert p.benched(bench) and p.num_drafts(bench) == 0
+    p.forget(scout)   # it found drafts paying: the interval stays at 8
+    assert p.shared.interval == 8
+
+
+def test_a_scout_that_ends_priced_out_stretches_the_interval():
+    p = DraftLengthPolicy(3, 0.27, prior=0.8)
+    p.shared.trials = 1e6   # pooled acceptance ~0
+    starts = [seq(f"r{i}") for i in range(8)]
+    assert [p.benched(s) for s in starts] == [True] * 7 + [False]
+    scout = starts[7]
+    for _ in range(4):
+        p.record(scout, 3, 0)
+    assert p.priced_out(p.acceptance(scout))
+    p.forget(starts[0])   # a benched request finishing changes nothing
+    assert p.shared.interval == 8
+    p.forget(scout)
+    assert p.shared.interval == 16
+    later = [seq(f"s{i}") for i in range(16)]   # the next scout: 16 starts later
+    assert [p.benched(s) for s in later] == [True] * 15 + [False]
+    p.forget(later[15])   # it never verified a draft (the gate vetoed): found nothing
+    assert p.shared.interval == 32
 
 
 def test_without_evidence_a_request_starts_at_the_prior():

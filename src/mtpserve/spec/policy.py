@@ -34,6 +34,8 @@ class _Estimate:
     successes: float
     trials: float
     benched: bool = False   # started priced out: never drafts (shared_acceptance.py)
+    scout: bool = False     # started priced out but drafts (shared_acceptance.py)
+    verified: int = 0       # verify steps recorded
 
 
 class DraftLengthPolicy:
@@ -171,7 +173,10 @@ class DraftLengthPolicy:
             self.shared.record(num_drafts, num_accepted)
 
     def forget(self, seq: Sequence) -> None:
-        self._est.pop(seq.request_id, None)
+        """``seq`` finished: its estimate goes; a scout's tells the pool whether drafts paid."""
+        e = self._est.pop(seq.request_id, None)
+        if e is not None and e.scout:   # (one that never verified found nothing either)
+            self.shared.scout_done(e.verified > 0 and not self.priced_out(e.successes / e.trials))
 
     def pooled(self) -> float:
         """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
@@ -198,7 +203,7 @@ class DraftLengthPolicy:
         if self.priced_out(a):
             if not self.shared.scout():
                 return _Estimate(a * w, w, benched=True)
-            a = self.prior
+            return _Estimate(self.prior * w, w, scout=True)
         return _Estimate(a * w, w)
 
     def _update(self, seq: Sequence, m: int, j: int, idle: bool = False) -> None:
@@ -213,4 +218,4 @@ class DraftLengthPolicy:
 def _updated(e: _Estimate, m: int, j: int, decay: float) -> _Estimate:
     """``e`` after a verify step of m drafts that accepted j (see the module doc)."""
     return _Estimate(decay * e.successes + j, decay * e.trials + j + (1 if j < m else 0),
-                     e.benched)
+                     e.benched, e.scout, e.verified + 1)

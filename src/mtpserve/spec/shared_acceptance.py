@@ -15,7 +15,10 @@ pseudo-count, plus the pooled successes and trials). A request that starts where
 pays even at the cost model's price (policy.py ``priced_out``) is *benched*: it never drafts,
 and the MTP never observes it. One priced-out start in ``scout_every`` goes out as a *scout*
 instead, from the configured prior, so that the pooled estimate keeps learning and speculation
-comes back when the drafts get better.
+comes back when the drafts get better. A scout that ends priced out itself confirms the bench,
+and the next one comes twice as many starts later, up to ``max_scout_every``; one that ends
+where drafts pay brings the interval back to ``scout_every`` (exponential backoff, as the load
+gate's probes: load_gate.py). Each scout costs its batch a few synchronous drafting steps.
 """
 
 from __future__ import annotations
@@ -27,20 +30,25 @@ class SharedAcceptance:
     Args:
         decay: weight of the old evidence when a verify step is recorded (0..1; 0.99 keeps
             about the last 100 steps' worth);
-        scout_every: one priced-out start in this many drafts anyway (>= 1).
+        scout_every: one priced-out start in this many drafts anyway (>= 1), at first and
+            after a scout that found drafts paying; max_scout_every: the longest interval
+            (default 16 x ``scout_every``).
 
     Raises:
         ValueError: ``decay`` outside [0, 1] or ``scout_every`` < 1.
     """
 
-    def __init__(self, decay: float = 0.99, scout_every: int = 8):
+    def __init__(self, decay: float = 0.99, scout_every: int = 8,
+                 max_scout_every: int | None = None):
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be in [0, 1], got {decay}")
         if scout_every < 1:
             raise ValueError(f"scout_every must be at least 1, got {scout_every}")
         self.decay, self.scout_every = decay, scout_every
+        self.max_scout_every = max(scout_every, max_scout_every or 16 * scout_every)
         self.successes = self.trials = 0.0
-        self._priced_out_starts = 0
+        self.interval = scout_every        # priced-out starts from one scout to the next
+        self._until_scout = scout_every
         self.num_benched = self.num_scouts = 0   # requests started each way (for /metrics)
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
@@ -55,12 +63,22 @@ class SharedAcceptance:
         return (prior * weight + self.successes) / (weight + self.trials)
 
     def scout(self) -> bool:
-        """Count one priced-out start; True for every ``scout_every``-th (it drafts anyway),
+        """Count one priced-out start; True for every ``interval``-th (it drafts anyway),
         False for the others (benched)."""
-        self._priced_out_starts += 1
-        scout = self._priced_out_starts % self.scout_every == 0
+        self._until_scout -= 1
+        scout = self._until_scout <= 0
         if scout:
             self.num_scouts += 1
+            self._until_scout = self.interval
         else:
             self.num_benched += 1
         return scout
+
+    def scout_done(self, drafts_pay: bool) -> None:
+        """A scout finished: its own estimate ended where drafts pay (back to ``scout_every``)
+        or priced out (the interval doubles, up to ``max_scout_every``). The countdown to
+        the next scout is shortened or stretched to the new interval."""
+        old = self.interval
+        self.interval = (self.scout_every if drafts_pay
+                         else min(2 * self.interval, self.max_scout_every))
+        self._until_scout = max(1, self._until_scout + self.interval - old)
