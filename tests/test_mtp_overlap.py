@@ -213,6 +213,8 @@ def test_benched_requests_are_never_observed_and_scouts_still_draft(overlap):
     want = _generate(LLM(str(trained_hybrid_dir()), **KW), prompts, params)
     llm, log, counts = engine(overlap, (True,))   # the gate always allows drafting
     p = llm.engine.proposer
+    assert isinstance(p.policy.shared, SharedAcceptance)   # the MTP's policy pools
+    assert llm.engine.spec_metrics.pool is p.policy.shared
     p.policy.shared = SharedAcceptance(scout_every=10 ** 9)
     p.policy.shared.trials = 1e6                 # pooled acceptance ~0: every start priced out
     made, state = [], p._state

@@ -68,7 +68,7 @@ def test_requests_start_benched_while_the_pooled_acceptance_is_priced_out():
     benched (0 drafts whatever happens), except every 8th, a scout from the prior 0.8. Once
     the scout's drafts are accepted the pool recovers: the next request drafts again, while
     the benched ones stay benched."""
-    p = DraftLengthPolicy(3, 0.27, prior=0.8)
+    p = DraftLengthPolicy(3, 0.27, prior=0.8, shared=SharedAcceptance())
     first = seq("first")
     for _ in range(10):
         p.record(first, 3, 0)
@@ -96,7 +96,7 @@ def test_requests_start_benched_while_the_pooled_acceptance_is_priced_out():
 
 
 def test_a_scout_that_ends_priced_out_stretches_the_interval():
-    p = DraftLengthPolicy(3, 0.27, prior=0.8)
+    p = DraftLengthPolicy(3, 0.27, prior=0.8, shared=SharedAcceptance())
     p.shared.trials = 1e6   # pooled acceptance ~0
     starts = [seq(f"r{i}") for i in range(8)]
     assert [p.benched(s) for s in starts] == [True] * 7 + [False]
@@ -114,8 +114,19 @@ def test_a_scout_that_ends_priced_out_stretches_the_interval():
     assert p.shared.interval == 32
 
 
-def test_without_evidence_a_request_starts_at_the_prior():
+def test_without_a_pool_every_request_starts_at_the_prior_and_none_is_benched():
+    """(the n-gram proposer's policy: its acceptance is each request's own text)"""
     p = DraftLengthPolicy(3, 0.27, prior=0.8)
+    first = seq("first")
+    for _ in range(10):
+        p.record(first, 3, 0)
+    new = [seq(f"r{i}") for i in range(9)]
+    assert not any(p.benched(s) for s in new) and p.acceptance(new[8]) == 0.8
+    assert p.pooled() == 0.8 and p.num_drafts(new[0]) == 3
+
+
+def test_without_evidence_a_request_starts_at_the_prior():
+    p = DraftLengthPolicy(3, 0.27, prior=0.8, shared=SharedAcceptance())
     s = seq("a")
     assert p.pooled() == 0.8 and p.acceptance(s) == 0.8 and not p.benched(s)
 

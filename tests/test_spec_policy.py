@@ -40,6 +40,18 @@ def test_estimate_follows_each_request():
     assert p.acceptance(good) > 0.95 and p.acceptance(bad) < 0.05
     assert p.num_drafts(good) == 4 and p.num_drafts(bad) == 0
     p.forget(bad)
+    assert p.acceptance(bad) == p.prior
+
+
+def test_with_a_pool_a_new_request_starts_from_every_requests_evidence():
+    from mtpserve.spec.shared_acceptance import SharedAcceptance
+
+    p = DraftLengthPolicy(4, 0.1, shared=SharedAcceptance())
+    good, bad = seq("good"), seq("bad")
+    for _ in range(10):
+        p.record(good, 4, 4)
+        p.record(bad, 4, 0)
+    p.forget(bad)
     # a new start: the acceptance pooled over both requests' 20 verify steps (decay 0.99 each)
     succ = trials = 0.0
     for _ in range(10):

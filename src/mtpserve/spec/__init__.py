@@ -8,6 +8,7 @@ from mtpserve.config import SpeculativeConfig
 from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.policy import DraftLengthPolicy
 from mtpserve.spec.proposer import Proposer
+from mtpserve.spec.shared_acceptance import SharedAcceptance
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +60,16 @@ MTP_PRIOR = 0.8
 
 
 def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
-            prior: float = 0.6, flat: bool = False) -> DraftLengthPolicy | None:
+            prior: float = 0.6, flat: bool = False, pooled: bool = False
+            ) -> DraftLengthPolicy | None:
     """The adaptive draft-length policy; ``draft_cost`` is the proposer's cost per draft token
     in target decode steps, ``prior`` its starting acceptance estimate per request; ``flat``:
     the proposer's work barely grows with the drafts per sequence (an MTP chain: one graph,
     whose extra steps are small forwards of one layer), so the step timer does not scale a
-    measured drafting time by the drafts (engine/step_timer.py)."""
+    measured drafting time by the drafts (engine/step_timer.py); ``pooled``: requests start
+    from the acceptance pooled over earlier ones and may be benched (spec/shared_acceptance.py:
+    for a proposer whose upkeep a benched request saves, the MTP; an n-gram proposer's
+    acceptance is the request's own text, so one request's says little about the next)."""
     if not spec.adaptive:
         return None
     alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
@@ -83,7 +88,8 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
     timer.drafting_scales = draft_cost > 0 and not flat   # engine/step_timer.py
     return DraftLengthPolicy(spec.num_steps, alpha + draft_cost, prior=prior,
                              step_cost=step_cost, draft_cost=draft_cost, gate=gate,
-                             drafts_measured=lambda: timer.drafts_measured)
+                             drafts_measured=lambda: timer.drafts_measured,
+                             shared=SharedAcceptance() if pooled else None)
 
 
 def _num_params(model) -> int:
@@ -116,7 +122,8 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
                          model=target.mtp, num_blocks=engine.runner.num_blocks)
     layers = engine.model_config.num_hidden_layers
     return MTPProposer(spec.num_steps, target, runner, engine.eos_token_ids,
-                       _policy(spec, engine, 2.0 / layers, MTP_PRIOR, flat=True), head=head)
+                       _policy(spec, engine, 2.0 / layers, MTP_PRIOR, flat=True,
+                               pooled=True), head=head)
 
 
 def _draft_head(spec: SpeculativeConfig, engine):

@@ -52,14 +52,14 @@ class DraftLengthPolicy:
         estimate's weight in trials (the pooled estimate's prior weighs twice that);
         decay: forgetting factor per verify step; gate: the measured veto by batch size
         (load_gate.py), None for none; shared: the acceptance pooled over requests
-        (shared_acceptance.py; default: a fresh one).
+        (shared_acceptance.py); None: every request starts at ``prior``, none is benched.
     """
 
     def __init__(self, k: int, cost_per_draft: float, prior: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.8, step_cost=None,
                  draft_cost: float = 0.0, gate: LoadGate | None = None,
                  drafts_measured=None, shared: SharedAcceptance | None = None):
-        self.shared = shared or SharedAcceptance()
+        self.shared = shared
         self.gate = gate
         self.drafts_measured = drafts_measured   # () -> bool, or None: never
         self.k, self.cost, self.draft_cost = k, cost_per_draft, draft_cost
@@ -170,16 +170,19 @@ class DraftLengthPolicy:
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         if num_drafts:
             self._update(seq, num_drafts, num_accepted)
-            self.shared.record(num_drafts, num_accepted)
+            if self.shared is not None:
+                self.shared.record(num_drafts, num_accepted)
 
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished: its estimate goes; a scout's tells the pool whether drafts paid."""
         e = self._est.pop(seq.request_id, None)
-        if e is not None and e.scout:   # (one that never verified found nothing either)
+        if e is not None and e.scout:   # (one that never verified a draft found nothing)
             self.shared.scout_done(e.verified > 0 and not self.priced_out(e.successes / e.trials))
 
     def pooled(self) -> float:
         """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
+        if self.shared is None:
+            return self.prior
         return self.shared.estimate(self.prior, 2 * self.prior_weight)
 
     def priced_out(self, acceptance: float) -> bool:
@@ -200,7 +203,7 @@ class DraftLengthPolicy:
         """A new request's estimate: the pooled acceptance; benched when that is priced out,
         unless the request is a scout, which starts from ``prior``."""
         a, w = self.pooled(), self.prior_weight
-        if self.priced_out(a):
+        if self.shared is not None and self.priced_out(a):
             if not self.shared.scout():
                 return _Estimate(a * w, w, benched=True)
             return _Estimate(self.prior * w, w, scout=True)
