@@ -108,6 +108,16 @@ def test_a_scout_that_ends_priced_out_stretches_the_interval():
     assert p.shared.interval == 8
     p.forget(scout)
     assert p.shared.interval == 16
+    # a scout stopped after one rejected verify step (by the gate, say): its estimate is
+    # still 0.49, not priced out, but its own evidence (0 of 1) is: it confirms the bench
+    p.shared.interval = p.shared._until_scout = 1
+    one = seq("one")
+    assert not p.benched(one)
+    p.record(one, 3, 0)
+    assert p.acceptance(one) == pytest.approx(1.28 / 2.6) and not p.priced_out(1.28 / 2.6)
+    p.forget(one)
+    assert p.shared.interval == 2
+    p.shared.interval = p.shared._until_scout = 16
     later = [seq(f"s{i}") for i in range(16)]   # the next scout: 16 starts later
     assert [p.benched(s) for s in later] == [True] * 15 + [False]
     p.forget(later[15])   # it never verified a draft (the gate vetoed): found nothing

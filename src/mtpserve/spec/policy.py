@@ -35,7 +35,8 @@ class _Estimate:
     trials: float
     benched: bool = False   # started priced out: never drafts (shared_acceptance.py)
     scout: bool = False     # started priced out but drafts (shared_acceptance.py)
-    verified: int = 0       # verify steps recorded
+    hits: int = 0           # its own evidence, undecayed and without the prior: successes
+    tries: int = 0          # ... and trials
 
 
 class DraftLengthPolicy:
@@ -176,8 +177,8 @@ class DraftLengthPolicy:
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished: its estimate goes; a scout's tells the pool whether drafts paid."""
         e = self._est.pop(seq.request_id, None)
-        if e is not None and e.scout:   # (one that never verified a draft found nothing)
-            self.shared.scout_done(e.verified > 0 and not self.priced_out(e.successes / e.trials))
+        if e is not None and e.scout:   # its own evidence decides (none: it found nothing)
+            self.shared.scout_done(e.tries > 0 and not self.priced_out(e.hits / e.tries))
 
     def pooled(self) -> float:
         """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
@@ -220,5 +221,6 @@ class DraftLengthPolicy:
 
 def _updated(e: _Estimate, m: int, j: int, decay: float) -> _Estimate:
     """``e`` after a verify step of m drafts that accepted j (see the module doc)."""
-    return _Estimate(decay * e.successes + j, decay * e.trials + j + (1 if j < m else 0),
-                     e.benched, e.scout, e.verified + 1)
+    trials = j + (1 if j < m else 0)
+    return _Estimate(decay * e.successes + j, decay * e.trials + trials, e.benched, e.scout,
+                     e.hits + j, e.tries + trials)
