@@ -157,3 +157,19 @@ def test_benched_and_scout_requests_are_counted_on_metrics():
     assert samples[p + "num_benched_requests_total"] == 7
     assert samples[p + "num_scout_requests_total"] == 2
     assert samples[p + "num_verify_steps_total"] == 1
+
+
+@pytest.mark.parametrize("algo, kw, pooled", [
+    ("ngram", {}, False),
+    ("draft", dict(speculative_draft_model_path="self"), True),
+], ids=["ngram", "draft"])
+def test_model_drafters_pool_and_the_ngram_proposer_does_not(algo, kw, pooled):
+    """(the MTP's: test_mtp_overlap.py) A draft model's acceptance is mostly the pair of
+    models'; an n-gram proposer's is each request's own text."""
+    from mtpserve import LLM
+
+    llm = LLM(None, dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=64,
+              max_num_seqs=2, speculative_algorithm=algo, **kw)
+    policy = llm.engine.proposer.policy
+    assert isinstance(policy.shared, SharedAcceptance) is pooled
+    assert llm.engine.spec_metrics.pool is policy.shared

@@ -45,7 +45,7 @@ def build_proposer(spec: SpeculativeConfig | None, engine) -> Proposer | None:
                                     engine.max_model_len)
         ratio = _num_params(runner.model) / _num_params(engine.runner.model)
         return DraftModelProposer(k, runner, engine.model_config.vocab_size, engine.eos_token_ids,
-                                  policy=_policy(spec, engine, ratio))
+                                  policy=_policy(spec, engine, ratio, pooled=True))
     if algo in ("nextn", "mtp"):
         return _mtp_proposer(spec, engine)
     raise ValueError(f"unknown speculative algorithm {algo!r}")
@@ -68,8 +68,9 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
     whose extra steps are small forwards of one layer), so the step timer does not scale a
     measured drafting time by the drafts (engine/step_timer.py); ``pooled``: requests start
     from the acceptance pooled over earlier ones and may be benched (spec/shared_acceptance.py:
-    for a proposer whose upkeep a benched request saves, the MTP; an n-gram proposer's
-    acceptance is the request's own text, so one request's says little about the next)."""
+    for a model that drafts, MTP or a draft model, whose acceptance is mostly the pair of models'
+    and whose upkeep a benched request saves; an n-gram proposer's acceptance is the request's
+    own text, so one request's says little about the next)."""
     if not spec.adaptive:
         return None
     alpha = VERIFY_COST_PER_TOKEN.get(engine.runner.device.type, 0.1)
