@@ -155,7 +155,7 @@ def test_a_started_server_dies_with_a_killed_benchmark():
     import time
 
     code = ("import subprocess, sys, time\n"
-            "from mtpserve.bench.server_proc import die_with_parent\n"
+            "from mtpserve.parent_death import die_with_parent\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
             " preexec_fn=die_with_parent)\n"
             "print(p.pid, flush=True)\n"

@@ -17,6 +17,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the engine loop in a process of its own (vLLM's EngineCore), so "
+                        "that it does not share the GIL with the HTTP event loop")
     p.set_defaults(func=_serve)
 
 
@@ -74,7 +77,7 @@ def _serve(a: argparse.Namespace) -> int:
     from mtpserve.server.api import run_server
 
     return run_server(engine_config_from_args(a), host=a.host, port=a.port, api_key=a.api_key,
-                      log_level=a.log_level)
+                      log_level=a.log_level, engine_process=a.engine_process)
 
 
 def _generate(a: argparse.Namespace) -> int:

@@ -5,7 +5,6 @@ kernel's parent-death signal, ``prctl(PR_SET_PDEATHSIG)``."""
 
 from __future__ import annotations
 
-import ctypes
 import io
 import os
 import signal
@@ -16,6 +15,7 @@ import tempfile
 import time
 
 from mtpserve.bench.errors import BenchError
+from mtpserve.parent_death import die_with_parent
 from mtpserve.server.wait_ready import EXIT_READY, EXIT_TIMEOUT, wait_ready
 
 HOST = "127.0.0.1"
@@ -26,20 +26,6 @@ def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-PR_SET_PDEATHSIG = 1   # linux/prctl.h
-
-
-def die_with_parent() -> None:
-    """In a child between fork and exec (``Popen(preexec_fn=...)``): ask Linux to send it
-    SIGTERM when the thread that started it exits. Elsewhere, or without libc, nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def serve_command(flags: list[str], port: int) -> list[str]:

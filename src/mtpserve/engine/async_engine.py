@@ -218,8 +218,8 @@ class AsyncEngine:
         if not self.alive or not self.ready:
             raise EngineDeadError(self.error or "engine is not running")
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._inbox.put(_Add(request_id, list(prompt_token_ids), params,
-                             _Sink(asyncio.get_running_loop(), q)))
+        self._submit(_Add(request_id, list(prompt_token_ids), params,
+                          _Sink(asyncio.get_running_loop(), q)))
         finished = False
         try:
             while not finished:
@@ -237,12 +237,16 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op when it already finished)."""
-        self._inbox.put(_Abort(request_id))
+        self._submit(_Abort(request_id))
 
     def abort_all(self) -> None:
         """Abort every request in flight: their streams end with ``finish_reason="abort"``
         (what a server does on Ctrl-C / SIGTERM instead of finishing long generations)."""
-        self._inbox.put(_Abort(None))
+        self._submit(_Abort(None))
+
+    def _submit(self, msg: _Add | _Abort) -> None:
+        """Hand a request or an abort to the engine loop (any thread)."""
+        self._inbox.put(msg)
 
     def stats(self) -> dict[str, float]:
         """Engine gauges: ``num_running``, ``num_waiting``, ``kv_cache_usage`` (0..1)."""

@@ -71,6 +71,7 @@ class LLMEngine:
                                    config.max_num_batched_tokens, state)
         self.sampler = Sampler(mc.vocab_size, seed=config.seed)
         self.seqs: dict[str, Sequence] = {}
+        self.num_aborted = 0   # live requests aborted (client gone, shutdown)
         self.device = self.runner.device
         self.spec_metrics = SpecMetrics(config.speculative.num_steps if config.speculative else 0)
         self.step_timer = StepTimer()   # before the proposer: its policy reads it
@@ -124,6 +125,7 @@ class LLMEngine:
         if seq is not None:
             self._drop(seq)
             seq.finish("abort")
+            self.num_aborted += 1
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._pending is not None
@@ -372,6 +374,7 @@ class LLMEngine:
                 "num_waiting": len(self.scheduler.waiting),
                 "kv_cache_usage": self.block_manager.usage(),
                 "num_preemptions": self.scheduler.num_preemptions,
+                "num_aborted": self.num_aborted,
                 "spec": self.spec_metrics}
 
 

@@ -152,8 +152,15 @@ def _v1_router(engine: AsyncEngine, metrics: ServerMetrics, served_model_name: s
     return router
 
 
-def make_engine(config: EngineConfig, warmup: bool = True) -> AsyncEngine:
-    """An (unstarted) async engine whose thread builds ``LLMEngine(config)``."""
+def make_engine(config: EngineConfig, warmup: bool = True,
+                engine_process: bool = False) -> AsyncEngine:
+    """An (unstarted) async engine whose thread builds ``LLMEngine(config)``; with
+    ``engine_process``, one whose own process does (engine/process_engine.py)."""
+    if engine_process:
+        from mtpserve.engine.process_engine import ProcessEngine
+
+        return ProcessEngine(config, warmup=warmup)
+
     def factory():
         from mtpserve.engine.engine import LLMEngine
         return LLMEngine(config)
@@ -162,13 +169,14 @@ def make_engine(config: EngineConfig, warmup: bool = True) -> AsyncEngine:
 
 def run_server(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
                api_key: str | None = None, log_level: str = "info",
-               served_model_name: str | None = None) -> int:
+               served_model_name: str | None = None, engine_process: bool = False) -> int:
     """Serve the OpenAI API for ``config``'s model until interrupted; returns the exit code (0).
 
     The HTTP port opens at once; the model loads in the engine thread meanwhile (``/health``
     answers 503 until it is ready). The model id is ``served_model_name``, else
     ``config.served_model_name``, else the model file's stem. A port that cannot be opened
     (in use, no permission) ends the command with exit code 3 before any weight is loaded.
+    ``engine_process``: the engine loop runs in a process of its own (engine/engine_core.py).
     """
     import uvicorn
 
@@ -179,7 +187,7 @@ def run_server(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 800
     except OSError as e:
         logger.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
         return 3
-    engine = make_engine(config)
+    engine = make_engine(config, engine_process=engine_process)
     app = build_app(engine, served_model_name=served_model_name, api_key=api_key)
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

@@ -1,0 +1,145 @@
+"""The server's front of an engine in its own process (engine/engine_core.py).
+
+Same interface as :class:`~mtpserve.engine.async_engine.AsyncEngine` (the HTTP layer does not
+know which it has): ``start``, ``shutdown``, ``generate``, ``abort``, ``abort_all``, ``stats``,
+``ready`` / ``alive`` / ``dead`` / ``error``, and ``engine`` with the ``tokenizer``, ``config``,
+``model_config`` and ``max_model_len`` the server reads. A reader thread turns the engine's
+messages into deltas on the requests' asyncio queues, one ``call_soon_threadsafe`` per step
+(as AsyncEngine does); requests and aborts go out over the pipe from whichever thread asks.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import types
+
+from mtpserve.engine.async_engine import AsyncEngine, _Abort, _Add
+from mtpserve.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessEngine(AsyncEngine):
+    """An engine in a spawned process, driven from asyncio.
+
+    Args:
+        config: the ``EngineConfig`` the process builds its ``LLMEngine`` from (picklable).
+        warmup: run one internal request before reporting ready (``True`` for servers).
+
+    ``dead`` turns true when the engine reported an error or its process exited without being
+    told to stop (``error`` then says which, with the exit code).
+    """
+
+    def __init__(self, config, warmup: bool = True):
+        super().__init__(lambda: None, warmup)
+        self._config = config
+        self._conn = None
+        self._proc = None
+        self._reader: threading.Thread | None = None
+        self._send_lock = threading.Lock()
+        self._sinks_lock = threading.Lock()
+        self._stats: dict | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the engine process and the thread that reads it (returns at once)."""
+        from mtpserve.engine.engine_core import run_engine_core
+
+        ctx = multiprocessing.get_context("spawn")   # CUDA cannot be used in a forked child
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=run_engine_core, name="mtpserve-engine-core",
+                                 args=(child, self._config, self._warmup,
+                                       logging.getLogger().getEffectiveLevel()), daemon=True)
+        self._proc.start()
+        child.close()
+        self._reader = threading.Thread(target=self._read, name="mtpserve-engine-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Tell the engine to stop and wait for it (then SIGTERM, then SIGKILL); requests still
+        in flight end with ``finish_reason="abort"``."""
+        self._stop.set()
+        self._send(("stop",))
+        if self._proc is not None:
+            self._proc.join(timeout)
+            for signal_it in (self._proc.terminate, self._proc.kill):
+                if not self._proc.is_alive():
+                    break
+                signal_it()
+                self._proc.join(5.0)
+        if self._reader is not None:
+            self._reader.join(timeout)
+        self._fail_all("abort")
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive() and not self.dead
+
+    def stats(self) -> dict:
+        """The engine's gauges and counters after its latest step."""
+        if self._stats is None:
+            return {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
+        return self._stats
+
+    # ---- the pipe --------------------------------------------------------------------------
+    def _read(self) -> None:
+        """Until the engine's end closes: ready, each step's deltas, or its death."""
+        try:
+            while True:
+                msg = self._conn.recv()
+                if msg[0] == "out":
+                    self._stats = msg[2]
+                    self._deliver(msg[1])
+                elif msg[0] == "ready":
+                    self.engine = types.SimpleNamespace(**msg[1])
+                    self.startup_seconds = msg[2]
+                    self.ready = True
+                    logger.info("engine ready in %.1f s (own process, pid %d)", msg[2],
+                                self._proc.pid)
+                elif msg[0] == "dead":
+                    self.error = msg[1]
+                    break
+        except (EOFError, OSError):
+            pass
+        if self.error is None and not self._stop.is_set():
+            self._proc.join(1.0)
+            self.error = f"the engine process exited (code {self._proc.exitcode})"
+            logger.error(self.error)
+        self.dead = self.error is not None
+        self.ready = False
+        self._fail_all("abort" if self.error is None else "error")
+
+    def _submit(self, msg: _Add | _Abort) -> None:
+        if isinstance(msg, _Add):
+            with self._sinks_lock:
+                self._sinks[msg.request_id] = msg.sink
+            self._send(("add", msg.request_id, msg.prompt_token_ids, msg.params))
+            return
+        with self._sinks_lock:
+            rids = list(self._sinks) if msg.request_id is None else [msg.request_id]
+            sinks = [(rid, self._sinks.pop(rid, None)) for rid in rids]
+        self._send(("abort", msg.request_id))
+        for rid, sink in sinks:
+            if sink is not None:
+                sink(RequestOutput(rid, [], "", None, True, "abort"))
+
+    def _send(self, msg: tuple) -> None:
+        """One message to the engine; nothing when it is gone (its death is the reader's)."""
+        if self._conn is None:
+            return
+        with self._send_lock:
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):
+                pass
+
+    def _deliver(self, outs: list[RequestOutput]) -> None:
+        with self._sinks_lock:
+            super()._deliver(outs)
+
+    def _fail_all(self, reason: str) -> None:
+        with self._sinks_lock:
+            super()._fail_all(reason)

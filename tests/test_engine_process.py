@@ -1,0 +1,122 @@
+"""The engine in a process of its own (engine/engine_core.py, engine/process_engine.py) behind the
+real server, with the real SmolLM2: the same greedy text as the engine run directly (streamed
+and not, two requests at once), exact usage and /metrics counters, a closed stream aborting its
+request in the engine process, a clean stop, and a killed engine process reported dead."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from mtpserve.config import EngineConfig
+from mtpserve.sampling_params import SamplingParams
+from mtpserve.server.api import build_app, make_engine
+from mtpserve.server.runner import BackgroundServer
+from mtpserve.server.wait_ready import EXIT_DEAD, EXIT_READY, wait_ready
+
+CONFIG = EngineConfig(max_model_len=256, num_kv_blocks=64, max_num_seqs=4)
+MODEL = "smol"
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+
+
+def _server():
+    engine = make_engine(CONFIG, engine_process=True)
+    srv = BackgroundServer(build_app(engine, served_model_name=MODEL))
+    srv.engine = engine
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server():
+    with _server() as srv:
+        log = io.StringIO()
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=log) == EXIT_READY, log.getvalue()
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_llm):
+    """Greedy completions of PROMPTS by the engine run directly."""
+    tok = smollm2_llm.tokenizer
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    return [r.outputs[0] for r in smollm2_llm.generate(
+        [tok(p)["input_ids"] for p in PROMPTS], params)]
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def test_the_server_side_reads_the_engine_process(server, smollm2_llm):
+    from mtpserve.engine.process_engine import ProcessEngine
+
+    eng = server.engine
+    assert isinstance(eng, ProcessEngine) and eng._proc.pid != os.getpid()
+    assert eng.engine.max_model_len == 256 and eng.engine.model_config.vocab_size == 49152
+    text = "The capital of France is Paris."
+    assert eng.engine.tokenizer(text)["input_ids"] == smollm2_llm.tokenizer(text)["input_ids"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_completions_equal_the_engine_run_directly(server, reference):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    before = _metric(server.url, "mtpserve:generation_tokens_total")
+    got = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == \
+        [r.text for r in reference]
+    assert got.usage.completion_tokens == 24
+    assert _metric(server.url, "mtpserve:generation_tokens_total") - before == 24
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in stream) == reference[1].text
+
+
+def test_a_closed_stream_aborts_its_request_in_the_engine_process(server, reference):
+    body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break   # first chunk: close the stream with ~199 tokens to go
+    deadline = time.monotonic() + 60
+    while server.engine.stats()["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # the engine process dropped it live (not at its 200th token)
+    assert server.engine.stats()["num_running"] == 0
+    assert server.engine.stats()["num_aborted"] == 1
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    again = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert again.choices[0].text == reference[0].text
+
+
+def test_a_killed_engine_process_is_reported_dead_and_a_stop_is_clean():
+    with _server() as srv:
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == EXIT_READY
+        proc = srv.engine._proc
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not srv.engine.dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = io.StringIO()
+        assert wait_ready(srv.url, 30, interval_s=0.05, out=log) == EXIT_DEAD, log.getvalue()
+        r = httpx.get(srv.url + "/health")
+        assert r.status_code == 503 and r.json() == {
+            "status": "dead", "error": "the engine process exited (code -9)"}
+        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+    with _server() as srv:
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == EXIT_READY
+        proc = srv.engine._proc
+    assert not proc.is_alive() and proc.exitcode == 0   # told to stop: exits on its own
