@@ -20,7 +20,8 @@
 #   kernels' GPU tests, the MTP engine's host time under load by function); observe (one
 #   MTP catch-up's cost by batch and run length, profiled); slow (the MTP engine's slowest
 #   synchronous steps under load, each profiled); pool (bench --compare --rounds 3 at 1, 16, 64
-#   after the GPU tests of the MTP engine's async steps).
+#   after the GPU tests of the MTP engine's async steps); process (the plain server with the
+#   engine loop in a thread and in its own process, in turns).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -216,6 +217,21 @@ pool)     # no model needed, about 7 minutes: the async-MTP GPU tests, then benc
     2>&1 | tee /tmp/res/gpu_tests.log | tail -3
   hybrid_checkpoint
   hybrid_compare 330 /tmp/res/bench --rounds 3 2>&1 | tail -18
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+process)  # no model needed, about 4 minutes: the plain hybrid server with its engine loop in the
+  # HTTP process (a thread) and in a process of its own (--engine-process), in turns: A B A B
+  mkdir -p /tmp/res
+  hybrid_checkpoint
+  for i in 1 2; do
+    for mode in thread process; do
+      flag=""
+      [ "$mode" = process ] && flag="--engine-process"
+      timeout 110 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --concurrency 16,64 \
+        --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+        --output-dir "/tmp/res/$mode-$i" -- --dtype bfloat16 $flag 2>&1 | grep -E "^ +(16|64) "
+    done
+  done
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
