@@ -220,14 +220,15 @@ pool)     # no model needed, about 7 minutes: the async-MTP GPU tests, then benc
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 process)  # no model needed, about 4 minutes: the plain hybrid server with its engine loop in the
-  # HTTP process (a thread) and in a process of its own (--engine-process), in turns: A B A B
+  # HTTP process (a thread) and in a process of its own (--engine-process), in turns: A B A B;
+  # $2: the concurrency levels (default 16,64)
   mkdir -p /tmp/res
   hybrid_checkpoint
   for i in 1 2; do
     for mode in thread process; do
       flag=""
       [ "$mode" = process ] && flag="--engine-process"
-      timeout 110 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --concurrency 16,64 \
+      timeout 110 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --concurrency "${2:-16,64}" \
         --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
         --output-dir "/tmp/res/$mode-$i" -- --dtype bfloat16 $flag 2>&1 | grep -E "^ +(16|64) "
     done
