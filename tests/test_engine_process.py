@@ -120,3 +120,26 @@ def test_a_killed_engine_process_is_reported_dead_and_a_stop_is_clean():
         assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == EXIT_READY
         proc = srv.engine._proc
     assert not proc.is_alive() and proc.exitcode == 0   # told to stop: exits on its own
+
+
+def test_a_request_submitted_after_the_engine_died_ends_with_its_error():
+    """The window between generate()'s liveness check and the request's registration: once the
+    reader has marked the engine dead (and failed the open requests), a new one is failed at
+    once with the engine's error instead of waiting forever."""
+    import asyncio
+
+    from mtpserve.engine.async_engine import _Add, _Sink
+    from mtpserve.engine.process_engine import ProcessEngine
+
+    async def submit():
+        eng = ProcessEngine(CONFIG)
+        eng.dead, eng.error = True, "RuntimeError: boom"
+        q: asyncio.Queue = asyncio.Queue()
+        eng._submit(_Add("r1", [1, 2], SamplingParams(), _Sink(asyncio.get_running_loop(), q)))
+        out = await asyncio.wait_for(q.get(), 5)
+        return out, eng._sinks
+
+    out, sinks = asyncio.run(submit())
+    assert (out.request_id, out.finished, out.finish_reason, out.error) == \
+        ("r1", True, "abort", "RuntimeError: boom")
+    assert sinks == {}

@@ -113,9 +113,18 @@ class ProcessEngine(AsyncEngine):
         self._fail_all("abort" if self.error is None else "error")
 
     def _submit(self, msg: _Add | _Abort) -> None:
+        """A request or an abort to the engine process. A request that arrives once the reader
+        has found the engine dead (``dead`` is set before it fails the open requests) ends at
+        once with the engine's error instead of waiting for deltas that will never come."""
         if isinstance(msg, _Add):
             with self._sinks_lock:
-                self._sinks[msg.request_id] = msg.sink
+                gone = self.dead or self._stop.is_set()
+                if not gone:
+                    self._sinks[msg.request_id] = msg.sink
+            if gone:
+                msg.sink(RequestOutput(msg.request_id, [], "", None, True, "abort",
+                                       error=self.error or "the engine has stopped"))
+                return
             self._send(("add", msg.request_id, msg.prompt_token_ids, msg.params))
             return
         with self._sinks_lock:

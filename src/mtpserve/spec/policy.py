@@ -135,13 +135,13 @@ class DraftLengthPolicy:
         if self.benched(seq):
             return 0
         best = self._best(self.acceptance(seq))
-        if best == 0:  # not drafting: drift back towards the prior so that it tries again
+        if best == 0:  # not drafting: drift back towards the pooled acceptance, to try again
             self._update(seq, 0, 0, idle=True)
         return best
 
     def would_draft(self, seq: Sequence) -> int:
         """What :meth:`num_drafts` answers for ``seq`` now, without its side effect (the drift
-        towards the prior of a request that does not draft)."""
+        towards the pooled acceptance of a request that does not draft)."""
         return 0 if self.benched(seq) else self._best(self.acceptance(seq))
 
     def num_drafts_after(self, seq: Sequence, num_drafts: int, num_accepted: int) -> int:
