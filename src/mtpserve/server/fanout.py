@@ -2,8 +2,9 @@
 
 Each choice is one engine request with id ``f"{request_id}-{index}"``. Their output streams are
 pumped by one task each into a shared queue, so the merged stream yields ``(index, output)`` in
-the order the engine produced them. Closing the merged stream (client disconnect) cancels the
-pumps, which closes each engine stream and so aborts the engine requests.
+the order the engine produced them; a single choice (most requests) is its own stream, without
+the task and the queue. Closing the merged stream (client disconnect) cancels the pumps, which
+closes each engine stream and so aborts the engine requests.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -58,6 +60,11 @@ async def merged_outputs(engine: AsyncEngine, reqs: list[ChoiceRequest],
         EngineDeadError: the engine is not running or died (other choices are aborted).
     """
     arrival = time.perf_counter() if arrival is None else arrival
+    if len(reqs) == 1:   # one choice (most requests): its stream as is, no pump and queue
+        async with aclosing(_one(engine, reqs[0], metrics, arrival)) as outs:
+            async for out in outs:
+                yield reqs[0].index, out
+        return
     queue: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(_pump(engine, r, queue, metrics, arrival)) for r in reqs]
     pending = len(tasks)
@@ -76,20 +83,29 @@ async def merged_outputs(engine: AsyncEngine, reqs: list[ChoiceRequest],
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _pump(engine: AsyncEngine, r: ChoiceRequest, queue: asyncio.Queue,
-                metrics: ServerMetrics | None, arrival: float) -> None:
-    """Forward one engine stream into ``queue``; a ``None`` output marks its end."""
+async def _one(engine: AsyncEngine, r: ChoiceRequest, metrics: ServerMetrics | None,
+               arrival: float) -> AsyncIterator[RequestOutput]:
+    """One choice's engine stream, tracked for the metrics; closing it aborts the request."""
     tracker = metrics.track(arrival) if metrics is not None else None
     stream = engine.generate(r.request_id, r.prompt_token_ids, r.params)
     try:
         async for out in stream:
             if tracker is not None:
                 tracker.on_output(out)
-            queue.put_nowait((r.index, out, None))
-        queue.put_nowait((r.index, None, None))
-    except Exception as e:  # noqa: BLE001 - handed to the consumer
-        queue.put_nowait((r.index, None, e))
+            yield out
     finally:
         await stream.aclose()
         if tracker is not None:
             tracker.finish("abort")
+
+
+async def _pump(engine: AsyncEngine, r: ChoiceRequest, queue: asyncio.Queue,
+                metrics: ServerMetrics | None, arrival: float) -> None:
+    """Forward one engine stream into ``queue``; a ``None`` output marks its end."""
+    try:
+        async with aclosing(_one(engine, r, metrics, arrival)) as outs:
+            async for out in outs:
+                queue.put_nowait((r.index, out, None))
+        queue.put_nowait((r.index, None, None))
+    except Exception as e:  # noqa: BLE001 - handed to the consumer
+        queue.put_nowait((r.index, None, e))

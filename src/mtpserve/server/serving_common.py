@@ -126,7 +126,7 @@ class Run:
         async def work() -> None:
             async with aclosing(self.outputs()) as gen:
                 async for index, out in gen:
-                    self.state.add(index, out, self.engine.alive)
+                    self.state.add(index, out, out.error is None or self.engine.alive)
 
         task = asyncio.create_task(work())
         watcher = asyncio.create_task(_wait_disconnect(request))
@@ -155,7 +155,7 @@ class Run:
                 yield ev
             async with aclosing(self.outputs()) as gen:
                 async for index, out in gen:
-                    self.state.add(index, out, self.engine.alive)
+                    self.state.add(index, out, out.error is None or self.engine.alive)
                     for ev in render(index, out):
                         yield ev
             for ev in tail():
