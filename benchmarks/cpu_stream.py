@@ -10,6 +10,7 @@ completions from this process, and reports the server process's CPU time per str
 (user + system, from /proc: robust to other load on the machine) and the steps it ran per second.
 
     python benchmarks/cpu_stream.py [--concurrency 64] [--tokens 128] [--step-ms 4]
+    python benchmarks/cpu_stream.py --http h11 --loop asyncio   # uvicorn's pure-Python pair
     python benchmarks/cpu_stream.py --cprofile FILE   # the server's event loop, by function
 """
 
@@ -75,7 +76,7 @@ class FakeEngine:
         return outs
 
 
-def serve(port: int, step_ms: float, cprofile: str | None) -> None:
+def serve(port: int, step_ms: float, cprofile: str | None, http: str, loop: str) -> None:
     """The server side (a subprocess): the real app over the fake engine on ``port``."""
     import uvicorn
 
@@ -97,7 +98,7 @@ def serve(port: int, step_ms: float, cprofile: str | None) -> None:
         prof = cProfile.Profile()
         prof.enable()
     try:
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http=http, loop=loop)
     finally:
         if prof is not None:
             import pstats
@@ -137,17 +138,21 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cprofile", help="profile the server's event loop into this file")
+    ap.add_argument("--http", default="auto", help="uvicorn's HTTP implementation (h11, "
+                    "httptools; auto: httptools when installed)")
+    ap.add_argument("--loop", default="auto", help="uvicorn's event loop (asyncio, uvloop)")
     ap.add_argument("--serve-port", type=int, help=argparse.SUPPRESS)   # the server subprocess
     a = ap.parse_args()
     if a.serve_port:
-        serve(a.serve_port, a.step_ms, a.cprofile)
+        serve(a.serve_port, a.step_ms, a.cprofile, a.http, a.loop)
         return
     from mtpserve.bench.server_proc import free_port
     from mtpserve.parent_death import die_with_parent
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(a.step_ms)]
+    cmd = [sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(a.step_ms),
+           "--http", a.http, "--loop", a.loop]
     if a.cprofile:
         cmd += ["--cprofile", a.cprofile]
     proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
