@@ -101,14 +101,32 @@ def test_a_closed_stream_aborts_its_request_in_the_engine_process(server, refere
     assert again.choices[0].text == reference[0].text
 
 
+def _until(cond, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_a_killed_engine_process_is_reported_dead_and_a_stop_is_clean():
     with _server() as srv:
         assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == EXIT_READY
+        _until(lambda: "num_aborted" in srv.engine.stats())   # the engine's, sent with ready
+        assert srv.engine.stats()["num_aborted"] == 0
         proc = srv.engine._proc
-        os.kill(proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while not srv.engine.dead and time.monotonic() < deadline:
-            time.sleep(0.05)
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    break   # running: kill the engine under it
+            assert _metric(srv.url, "mtpserve:num_requests_running") == 1
+            os.kill(proc.pid, signal.SIGKILL)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]" and "engine process exited" in rest[-2]
+        _until(lambda: srv.engine.dead)
+        # nothing runs in a dead engine: the gauges say so
+        assert _metric(srv.url, "mtpserve:num_requests_running") == 0
         log = io.StringIO()
         assert wait_ready(srv.url, 30, interval_s=0.05, out=log) == EXIT_DEAD, log.getvalue()
         r = httpx.get(srv.url + "/health")
@@ -120,6 +138,34 @@ def test_a_killed_engine_process_is_reported_dead_and_a_stop_is_clean():
         assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == EXIT_READY
         proc = srv.engine._proc
     assert not proc.is_alive() and proc.exitcode == 0   # told to stop: exits on its own
+
+
+def test_messages_to_the_engine_never_block_the_caller():
+    """A full pipe (the engine busy in a long step) blocks its writer: the sender thread, not
+    the event loop that submits requests."""
+    import threading
+
+    from mtpserve.engine.process_engine import ProcessEngine
+
+    class FullPipe:
+        def __init__(self):
+            self.open, self.sent = threading.Event(), []
+
+        def send(self, msg):
+            self.open.wait()
+            self.sent.append(msg)
+
+    eng = ProcessEngine(CONFIG)
+    eng._conn = pipe = FullPipe()
+    eng._sender = threading.Thread(target=eng._write, daemon=True)
+    eng._sender.start()
+    for i in range(3):
+        eng._send(("abort", f"r{i}"))   # returns while the first send is still blocked
+    assert pipe.sent == []
+    pipe.open.set()
+    eng._outbox.put(None)
+    eng._sender.join(10)
+    assert pipe.sent == [("abort", "r0"), ("abort", "r1"), ("abort", "r2")]
 
 
 def test_a_request_submitted_after_the_engine_died_ends_with_its_error():

@@ -120,8 +120,32 @@ def test_a_scout_that_ends_priced_out_stretches_the_interval():
     p.shared.interval = p.shared._until_scout = 16
     later = [seq(f"s{i}") for i in range(16)]   # the next scout: 16 starts later
     assert [p.benched(s) for s in later] == [True] * 15 + [False]
-    p.forget(later[15])   # it never verified a draft (the gate vetoed): found nothing
-    assert p.shared.interval == 32
+    p.forget(later[15])   # it never verified a draft (too short, aborted, vetoed): no evidence
+    assert p.shared.interval == 16
+
+
+def test_no_scouts_when_the_prior_itself_is_priced_out():
+    """A scout starts from the configured prior: when that is priced out too (a draft as
+    costly as a target step), it could not draft, so every start is benched and the countdown
+    does not move."""
+    p = DraftLengthPolicy(3, 1.1, prior=0.8, shared=SharedAcceptance(scout_every=2))
+    assert p.priced_out(0.8)
+    starts = [seq(f"r{i}") for i in range(5)]
+    assert all(p.benched(s) for s in starts)
+    assert (p.shared.num_benched, p.shared.num_scouts, p.shared._until_scout) == (5, 0, 2)
+
+
+def test_a_snapshot_restores_evidence_countdown_and_counters():
+    s = SharedAcceptance(scout_every=4)
+    s.record(3, 1)
+    s.scout()
+    state = s.snapshot()
+    s.record(3, 3)
+    s.scout()
+    s.scout_done(False)
+    s.restore(state)
+    assert (s.successes, s.trials, s._until_scout, s.interval, s.num_benched, s.num_scouts) \
+        == (1.0, 2.0, 3, 4, 1, 0)
 
 
 def test_without_a_pool_every_request_starts_at_the_prior_and_none_is_benched():
@@ -173,3 +197,9 @@ def test_model_drafters_pool_and_the_ngram_proposer_does_not(algo, kw, pooled):
     policy = llm.engine.proposer.policy
     assert isinstance(policy.shared, SharedAcceptance) is pooled
     assert llm.engine.spec_metrics.pool is policy.shared
+    if pooled:   # the server's internal warm-up request leaves the pool as it was
+        policy.shared.trials = 1e6   # (priced out: the warm-up request is benched)
+        llm.engine.warmup()
+        assert (policy.shared.num_benched, policy.shared.num_scouts) == (0, 0)
+        assert (policy.shared.successes, policy.shared.trials) == (0.0, 1e6)
+        assert llm.engine.spec_metrics.num_benched_requests == 0

@@ -361,12 +361,18 @@ class LLMEngine:
 
     # ---- utilities ---------------------------------------------------------------------------
     def warmup(self) -> None:
-        """Serve one short internal request end to end (readiness means this worked)."""
+        """Serve one short internal request end to end (readiness means this worked). The pooled
+        acceptance (spec/shared_acceptance.py) is left as it was: the internal request is
+        neither evidence nor a benched or scout request on /metrics."""
         rid = "__warmup__"
         ids = self.tokenizer.encode("Hello") or [0]
+        pool = self.spec_metrics.pool
+        before = pool.snapshot() if pool is not None else None
         self.add_request(rid, ids, SamplingParams(max_tokens=2, temperature=0.0))
         while rid in self.seqs:
             self.step()
+        if pool is not None:
+            pool.restore(before)
 
     def stats(self) -> dict:
         """Gauges and counters for /metrics and the periodic log line."""

@@ -51,6 +51,7 @@ def run_engine_core(conn, config, warmup: bool, log_level: int) -> None:
         if warmup:
             eng.warmup()
         conn.send(("ready", engine_info(eng), time.perf_counter() - t0))
+        conn.send(("out", [], eng.stats()))   # /metrics has the counters before any request
         _serve(conn, eng)
     except (EOFError, BrokenPipeError):
         pass   # the server is gone

@@ -5,14 +5,18 @@ know which it has): ``start``, ``shutdown``, ``generate``, ``abort``, ``abort_al
 ``ready`` / ``alive`` / ``dead`` / ``error``, and ``engine`` with the ``tokenizer``, ``config``,
 ``model_config`` and ``max_model_len`` the server reads. A reader thread turns the engine's
 messages into deltas on the requests' asyncio queues, one ``call_soon_threadsafe`` per step
-(as AsyncEngine does); requests and aborts go out over the pipe from whichever thread asks.
+(as AsyncEngine does). Requests and aborts go out through a sender thread: a pipe whose buffer
+is full (40 prompts of 3000 tokens while the engine is in a long step) blocks its writer until the
+engine reads, and the writer must not be the event loop (every route stalled 10 s otherwise).
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
 import threading
+import time
 import types
 
 from mtpserve.engine.async_engine import AsyncEngine, _Abort, _Add
@@ -38,15 +42,18 @@ class ProcessEngine(AsyncEngine):
         self._conn = None
         self._proc = None
         self._reader: threading.Thread | None = None
-        self._send_lock = threading.Lock()
+        self._sender: threading.Thread | None = None
+        self._outbox: queue.Queue = queue.Queue()
         self._sinks_lock = threading.Lock()
         self._stats: dict | None = None
+        self._t0 = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Spawn the engine process and the thread that reads it (returns at once)."""
         from mtpserve.engine.engine_core import run_engine_core
 
+        self._t0 = time.perf_counter()
         ctx = multiprocessing.get_context("spawn")   # CUDA cannot be used in a forked child
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=run_engine_core, name="mtpserve-engine-core",
@@ -56,22 +63,28 @@ class ProcessEngine(AsyncEngine):
         child.close()
         self._reader = threading.Thread(target=self._read, name="mtpserve-engine-reader",
                                         daemon=True)
+        self._sender = threading.Thread(target=self._write, name="mtpserve-engine-sender",
+                                        daemon=True)
         self._reader.start()
+        self._sender.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Tell the engine to stop and wait for it (then SIGTERM, then SIGKILL); requests still
-        in flight end with ``finish_reason="abort"``."""
+        in flight end with ``finish_reason="abort"``. An engine still loading reads no message:
+        it gets SIGTERM at once."""
         self._stop.set()
         self._send(("stop",))
+        self._outbox.put(None)   # the sender's end
         if self._proc is not None:
-            self._proc.join(timeout)
+            self._proc.join(timeout if self.ready else 0.0)
             for signal_it in (self._proc.terminate, self._proc.kill):
                 if not self._proc.is_alive():
                     break
                 signal_it()
                 self._proc.join(5.0)
-        if self._reader is not None:
-            self._reader.join(timeout)
+        for t in (self._reader, self._sender):
+            if t is not None:
+                t.join(timeout)
         self._fail_all("abort")
 
     @property
@@ -95,10 +108,11 @@ class ProcessEngine(AsyncEngine):
                     self._deliver(msg[1])
                 elif msg[0] == "ready":
                     self.engine = types.SimpleNamespace(**msg[1])
-                    self.startup_seconds = msg[2]
+                    self.startup_seconds = time.perf_counter() - self._t0
                     self.ready = True
-                    logger.info("engine ready in %.1f s (own process, pid %d)", msg[2],
-                                self._proc.pid)
+                    logger.info("engine ready in %.1f s (own process, pid %d; %.1f s of it "
+                                "building and warming up)", self.startup_seconds,
+                                self._proc.pid, msg[2])
                 elif msg[0] == "dead":
                     self.error = msg[1]
                     break
@@ -110,6 +124,9 @@ class ProcessEngine(AsyncEngine):
             logger.error(self.error)
         self.dead = self.error is not None
         self.ready = False
+        if self._stats is not None:   # nothing runs any more; the counters stay
+            self._stats = {**self._stats, "num_running": 0, "num_waiting": 0,
+                           "kv_cache_usage": 0.0}
         self._fail_all("abort" if self.error is None else "error")
 
     def _submit(self, msg: _Add | _Abort) -> None:
@@ -136,10 +153,14 @@ class ProcessEngine(AsyncEngine):
                 sink(RequestOutput(rid, [], "", None, True, "abort"))
 
     def _send(self, msg: tuple) -> None:
-        """One message to the engine; nothing when it is gone (its death is the reader's)."""
-        if self._conn is None:
-            return
-        with self._send_lock:
+        """One message to the engine, queued for the sender thread (never blocks)."""
+        if self._conn is not None:
+            self._outbox.put(msg)
+
+    def _write(self) -> None:
+        """The sender thread: the queued messages into the pipe, until told to end; nothing
+        once the engine is gone (its death is the reader's to report)."""
+        while (msg := self._outbox.get()) is not None:
             try:
                 self._conn.send(msg)
             except (OSError, ValueError):

@@ -5,7 +5,8 @@
 - ``mtpserve:spec_decode_num_verify_steps_total``: verify steps (steps that carried drafts),
 - ``mtpserve:spec_decode_num_benched_requests_total``: requests that sat out speculation, started
   while the acceptance pooled over earlier requests paid for no draft (spec/shared_acceptance.py),
-- ``mtpserve:spec_decode_num_scout_requests_total``: requests that started so but drafted anyway,
+- ``mtpserve:spec_decode_num_scout_requests_total``: requests that started so but from the
+  configured prior instead (scouts: they may draft),
 - ``mtpserve:spec_decode_accepted_tokens_per_step``: histogram of accepted drafts per verify step
   (buckets 0..k); acceptance length = 1 + sum / count.
 """
@@ -40,7 +41,8 @@ class SpecDecodeCollector:
                 ("num_benched_requests", spec.num_benched_requests,
                  "Requests that sat out speculation (pooled acceptance paid for no draft)."),
                 ("num_scout_requests", spec.num_scout_requests,
-                 "Requests that drafted although the pooled acceptance paid for no draft.")):
+                 "Requests that started from the prior although the pooled acceptance paid "
+                 "for no draft (scouts).")):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
         cumulative, buckets = 0, []
         for j, count in enumerate(list(spec.accepted_per_step)):

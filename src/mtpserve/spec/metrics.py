@@ -33,7 +33,7 @@ class SpecMetrics:
 
     @property
     def num_scout_requests(self) -> int:
-        """Requests that started priced out but drafted anyway, to keep the pool learning."""
+        """Requests that started priced out but from the prior, to keep the pool learning."""
         return self.pool.num_scouts if self.pool is not None else 0
 
     @property

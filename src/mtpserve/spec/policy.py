@@ -177,8 +177,8 @@ class DraftLengthPolicy:
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished: its estimate goes; a scout's tells the pool whether drafts paid."""
         e = self._est.pop(seq.request_id, None)
-        if e is not None and e.scout:   # its own evidence decides (none: it found nothing)
-            self.shared.scout_done(e.tries > 0 and not self.priced_out(e.hits / e.tries))
+        if e is not None and e.scout and e.tries > 0:   # its own evidence decides
+            self.shared.scout_done(not self.priced_out(e.hits / e.tries))
 
     def pooled(self) -> float:
         """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
@@ -205,7 +205,7 @@ class DraftLengthPolicy:
         unless the request is a scout, which starts from ``prior``."""
         a, w = self.pooled(), self.prior_weight
         if self.shared is not None and self.priced_out(a):
-            if not self.shared.scout():
+            if not self.shared.scout(can_draft=not self.priced_out(self.prior)):
                 return _Estimate(a * w, w, benched=True)
             return _Estimate(self.prior * w, w, scout=True)
         return _Estimate(a * w, w)

@@ -15,10 +15,13 @@ pseudo-count, plus the pooled successes and trials). A request that starts where
 pays even at the cost model's price (policy.py ``priced_out``) is *benched*: it never drafts,
 and the MTP never observes it. One priced-out start in ``scout_every`` goes out as a *scout*
 instead, from the configured prior, so that the pooled estimate keeps learning and speculation
-comes back when the drafts get better. A scout that ends priced out itself confirms the bench,
-and the next one comes twice as many starts later, up to ``max_scout_every``; one that ends
-where drafts pay brings the interval back to ``scout_every`` (exponential backoff, as the load
-gate's probes: load_gate.py). Each scout costs its batch a few synchronous drafting steps.
+comes back when the drafts get better. A scout whose own evidence ends priced out confirms the
+bench, and the next one comes twice as many starts later, up to ``max_scout_every``; one that
+found drafts paying brings the interval back to ``scout_every`` (exponential backoff, as the
+load gate's probes: load_gate.py); one that never verified a draft (too short, aborted, or the
+gate vetoed every step) leaves the interval as it is. Each scout costs its batch a few
+synchronous drafting steps. When the configured prior is priced out too, nothing can draft and
+there are no scouts.
 """
 
 from __future__ import annotations
@@ -62,9 +65,13 @@ class SharedAcceptance:
         """Acceptance per draft: ``prior`` with ``weight`` pseudo-trials, plus the evidence."""
         return (prior * weight + self.successes) / (weight + self.trials)
 
-    def scout(self) -> bool:
+    def scout(self, can_draft: bool = True) -> bool:
         """Count one priced-out start; True for every ``interval``-th (it drafts anyway),
-        False for the others (benched)."""
+        False for the others (benched). ``can_draft`` False (the configured prior is priced
+        out too, so a scout could not draft either): benched, the countdown left as it is."""
+        if not can_draft:
+            self.num_benched += 1
+            return False
         self._until_scout -= 1
         scout = self._until_scout <= 0
         if scout:
@@ -74,10 +81,18 @@ class SharedAcceptance:
             self.num_benched += 1
         return scout
 
+    def snapshot(self) -> dict:
+        """Everything this holds (evidence, countdown, counters), for :meth:`restore`."""
+        return dict(vars(self))
+
+    def restore(self, state: dict) -> None:
+        """Back to a :meth:`snapshot` (the engine's internal warm-up request leaves no trace)."""
+        vars(self).update(state)
+
     def scout_done(self, drafts_pay: bool) -> None:
-        """A scout finished: its own estimate ended where drafts pay (back to ``scout_every``)
-        or priced out (the interval doubles, up to ``max_scout_every``). The countdown to
-        the next scout is shortened or stretched to the new interval."""
+        """A scout finished with evidence (it verified drafts): its own acceptance paid (back to
+        ``scout_every``) or was priced out (the interval doubles, up to ``max_scout_every``).
+        The countdown to the next scout is shortened or stretched to the new interval."""
         old = self.interval
         self.interval = (self.scout_every if drafts_pay
                          else min(2 * self.interval, self.max_scout_every))
