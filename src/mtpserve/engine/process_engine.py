@@ -50,7 +50,8 @@ class ProcessEngine(AsyncEngine):
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Spawn the engine process and the thread that reads it (returns at once)."""
+        """Spawn the engine process and the threads that read and write its pipe (returns at
+        once; poll ``ready``)."""
         from mtpserve.engine.engine_core import run_engine_core
 
         self._t0 = time.perf_counter()
