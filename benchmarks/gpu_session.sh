@@ -21,7 +21,8 @@
 #   MTP catch-up's cost by batch and run length, profiled); slow (the MTP engine's slowest
 #   synchronous steps under load, each profiled); pool (bench --compare --rounds 3 at 1, 16, 64
 #   after the GPU tests of the MTP engine's async steps); process (the plain server with the
-#   engine loop in a thread and in its own process, in turns).
+#   engine loop in a thread and in its own process, in turns); next (process, then the rounds
+#   bench: session 15's first call).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -233,6 +234,12 @@ process)  # no model needed, about 4 minutes: the plain hybrid server with its e
         --output-dir "/tmp/res/$mode-$i" -- --dtype bfloat16 $flag 2>&1 | grep -E "^ +(16|64) "
     done
   done
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+next)     # no model needed, about 8 minutes: stage process (engine loop in a thread vs its own
+  # process, A B A B at 16 and 64), then bench --compare --rounds 3 at 1, 16, 64
+  bash "$0" process 16,64
+  hybrid_compare 300 /tmp/res/bench --rounds 3 2>&1 | tail -18
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
