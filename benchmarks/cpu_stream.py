@@ -148,6 +148,7 @@ def main() -> None:
         return
     from mtpserve.bench.server_proc import free_port
     from mtpserve.parent_death import die_with_parent
+    from mtpserve.server.wait_ready import EXIT_READY, wait_ready
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -157,14 +158,8 @@ def main() -> None:
         cmd += ["--cprofile", a.cprofile]
     proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        if wait_ready(url, 60, interval_s=0.1) != EXIT_READY:
+            raise SystemExit(f"the server on {url} did not get ready")
         asyncio.run(_drive(url, 2, 4))   # first requests: imports, JIT of the paths
         for r in range(a.rounds):
             cpu0, steps0, t0 = _cpu_seconds(proc.pid), httpx.get(url + "/steps").json()["steps"], \

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import io
-import pstats
 import json
 import statistics
 import time
@@ -30,7 +28,7 @@ import warnings
 from collections import defaultdict
 
 import torch
-from gpu_mtp_speedup import build
+from gpu_mtp_speedup import build, profile_text
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.engine import LLMEngine
 from mtpserve.kernels.paged_attention import SMALL_QUERY
@@ -142,7 +140,7 @@ class StepLog:
             out = prof.runcall(f, *a)
             ms = (time.perf_counter() - t) * 1e3
             if ms > self.slow_ms:
-                self.slow.append((ms, _profile_text(prof, 30)))
+                self.slow.append((ms, profile_text(prof, 30)))
                 self.slow = sorted(self.slow, key=lambda x: -x[0])[:4]
         else:
             t = time.perf_counter()
@@ -277,19 +275,9 @@ def _allocator_counts(device: str) -> dict:
                                       "num_device_free", "num_sync_all_streams")}
 
 
-def _profile_text(prof: cProfile.Profile, limit: int, by_own_time: bool = False) -> str:
-    """The profile's ``limit`` costliest functions by cumulative time (and by own time)."""
-    buf = io.StringIO()
-    st = pstats.Stats(prof, stream=buf)
-    st.sort_stats("cumulative").print_stats(limit)
-    if by_own_time:
-        st.sort_stats("tottime").print_stats(limit)
-    return buf.getvalue()
-
-
 def _write_host_profile(prof: cProfile.Profile, path: str) -> None:
     with open(path, "w") as f:
-        f.write(_profile_text(prof, 40, by_own_time=True))
+        f.write(profile_text(prof, 40, by_own_time=True))
 
 
 def _mark(path: str | None, text: str) -> None:

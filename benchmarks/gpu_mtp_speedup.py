@@ -197,10 +197,14 @@ class _Every:
         pass
 
 
-def profile_text(prof, limit: int) -> str:
-    """The ``limit`` costliest calls (cumulative) of the cProfile ``prof``."""
+def profile_text(prof, limit: int, by_own_time: bool = False) -> str:
+    """The ``limit`` costliest calls (cumulative) of the cProfile ``prof``, then with
+    ``by_own_time`` the ``limit`` costliest by their own time."""
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(limit)
+    st = pstats.Stats(prof, stream=text)
+    st.sort_stats("cumulative").print_stats(limit)
+    if by_own_time:
+        st.sort_stats("tottime").print_stats(limit)
     return text.getvalue()
 
 

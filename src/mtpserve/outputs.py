@@ -68,6 +68,11 @@ class RequestOutput:
     spec: SpecStats | None = None
     error: str | None = None
 
+    @classmethod
+    def aborted(cls, request_id: str, error: str | None = None) -> "RequestOutput":
+        """The last delta of a request ended by the server (abort, refusal, dead engine)."""
+        return cls(request_id, [], "", None, True, "abort", error=error)
+
 
 @dataclass
 class CompletionOutput:

@@ -189,18 +189,24 @@ class AsyncEngine:
                 eng.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
             except ValueError as e:  # validated earlier; keep the loop alive regardless
                 self._sinks.pop(msg.request_id, None)
-                msg.sink(RequestOutput(msg.request_id, [], "", None, True, "abort", error=str(e)))
+                msg.sink(RequestOutput.aborted(msg.request_id, str(e)))
         else:
-            ids = list(self._sinks) if msg.request_id is None else [msg.request_id]
-            for rid in ids:
+            for rid in self._end_sinks(msg.request_id):
                 eng.abort_request(rid)
-                sink = self._sinks.pop(rid, None)
-                if sink is not None:
-                    sink(RequestOutput(rid, [], "", None, True, "abort"))
+
+    def _end_sinks(self, request_id: str | None) -> list[str]:
+        """End the streams of ``request_id`` (None: every request in flight) with
+        ``finish_reason="abort"``, their sinks dropped; returns the ids."""
+        ids = list(self._sinks) if request_id is None else [request_id]
+        for rid in ids:
+            sink = self._sinks.pop(rid, None)
+            if sink is not None:
+                sink(RequestOutput.aborted(rid))
+        return ids
 
     def _fail_all(self, reason: str) -> None:
         for rid, sink in list(self._sinks.items()):
-            sink(RequestOutput(rid, [], "", None, True, "abort", error=self.error or reason))
+            sink(RequestOutput.aborted(rid, self.error or reason))
         self._sinks.clear()
 
     # ---- requests ----------------------------------------------------------------------------

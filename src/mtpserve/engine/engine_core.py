@@ -90,8 +90,7 @@ def _handle(eng, conn, msg: tuple) -> None:
         try:
             eng.add_request(rid, prompt, params)
         except ValueError as e:
-            conn.send(("out", [RequestOutput(rid, [], "", None, True, "abort", error=str(e))],
-                       eng.stats()))
+            conn.send(("out", [RequestOutput.aborted(rid, str(e))], eng.stats()))
     elif msg[0] == "abort":
         rids = list(eng.seqs) if msg[1] is None else [msg[1]]
         for rid in rids:

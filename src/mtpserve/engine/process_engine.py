@@ -140,18 +140,13 @@ class ProcessEngine(AsyncEngine):
                 if not gone:
                     self._sinks[msg.request_id] = msg.sink
             if gone:
-                msg.sink(RequestOutput(msg.request_id, [], "", None, True, "abort",
-                                       error=self.error or "the engine has stopped"))
+                msg.sink(RequestOutput.aborted(msg.request_id,
+                                               self.error or "the engine has stopped"))
                 return
             self._send(("add", msg.request_id, msg.prompt_token_ids, msg.params))
             return
-        with self._sinks_lock:
-            rids = list(self._sinks) if msg.request_id is None else [msg.request_id]
-            sinks = [(rid, self._sinks.pop(rid, None)) for rid in rids]
+        self._end_sinks(msg.request_id)
         self._send(("abort", msg.request_id))
-        for rid, sink in sinks:
-            if sink is not None:
-                sink(RequestOutput(rid, [], "", None, True, "abort"))
 
     def _send(self, msg: tuple) -> None:
         """One message to the engine, queued for the sender thread (never blocks)."""
@@ -170,6 +165,10 @@ class ProcessEngine(AsyncEngine):
     def _deliver(self, outs: list[RequestOutput]) -> None:
         with self._sinks_lock:
             super()._deliver(outs)
+
+    def _end_sinks(self, request_id: str | None) -> list[str]:
+        with self._sinks_lock:
+            return super()._end_sinks(request_id)
 
     def _fail_all(self, reason: str) -> None:
         with self._sinks_lock:

@@ -112,7 +112,10 @@ class MTPProposer(Proposer):
         if self.ahead is not None:
             items = self._observed_ahead(items)
         sched, hiddens, states = SchedulerOutput(), [], []
+        keep = self._observable([seq for seq, _, _ in items])
         for seq, start, hidden in items:
+            if id(seq) not in keep:
+                continue
             st = self._admit(seq, start, hidden.shape[0])
             if st is not None:
                 sched.scheduled.append(ScheduledSeq(st.shadow, hidden.shape[0], []))
@@ -137,12 +140,10 @@ class MTPProposer(Proposer):
         blocks: another sequence's state broke for good, so other sequences drafted (and a
         seeded sampling request drew other tokens)."""
         admitted = False
-        scheduled = sched.scheduled
-        unbenched = getattr(self.policy, "unbenched", None)
-        if unbenched is not None:   # one pass: benched sequences are never observed
-            keep = {id(q) for q in unbenched([s.seq for s in scheduled])}
-            scheduled = [s for s in scheduled if id(s.seq) in keep]
-        for s in scheduled:
+        keep = self._observable([s.seq for s in sched.scheduled])
+        for s in sched.scheduled:
+            if id(s.seq) not in keep:
+                continue
             if s.seq.finishes_by_length:   # its last step: never observed (as the sync engine)
                 continue
             n = s.num_new_tokens
@@ -186,10 +187,8 @@ class MTPProposer(Proposer):
     def _admit(self, seq: Sequence, start: int, n: int) -> _MTPState | None:
         """``seq``'s MTP state, its shadow given blocks for an observe of ``n`` positions from
         ``start``; None (the state broken for good) when the shadow is not in step with
-        ``start`` or the pool has no block for it; None (no state at all) for a sequence the
-        policy benched (spec/shared_acceptance.py): it never drafts, so it is never observed."""
-        if self._benched(seq):
-            return None
+        ``start`` or the pool has no block for it. Only for sequences :meth:`_observable`
+        keeps."""
         st = self._state(seq)
         sh = st.shadow
         sh.token_ids = seq.token_ids[1:]
@@ -605,6 +604,12 @@ class MTPProposer(Proposer):
         or the policy benched it."""
         st = self.states.get(seq.request_id)
         return (st is not None and st.broken) or self._benched(seq)
+
+    def _observable(self, seqs: list[Sequence]) -> set[int]:
+        """The ``id`` of each sequence of ``seqs`` the MTP observes: all but those the policy
+        benched (spec/shared_acceptance.py), found in one pass (they never draft, so they get
+        no state, no blocks and no catch-up)."""
+        return {id(s) for s in self._unbenched(seqs)}
 
     def _benched(self, seq: Sequence) -> bool:
         """The policy benched ``seq`` (spec/shared_acceptance.py): never observed, never drafts."""

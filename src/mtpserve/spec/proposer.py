@@ -48,8 +48,7 @@ class Proposer(ABC):
         (``allowed``: :meth:`allow_drafts`'s answer); changes nothing."""
         if not allowed:
             return True
-        if self.policy is not None and hasattr(self.policy, "unbenched"):
-            seqs = self.policy.unbenched(seqs)
+        seqs = self._unbenched(seqs)
         return all(min(self.k, seq.room_for_drafts) == 0
                    or (self.policy is not None and self.policy.would_draft(seq) == 0)
                    for seq in seqs)
@@ -64,8 +63,7 @@ class Proposer(ABC):
             seq.draft_token_ids, seq.draft_probs = [], None
         if not allowed:
             return
-        if self.policy is not None and hasattr(self.policy, "unbenched"):
-            seqs = self.policy.unbenched(seqs)
+        seqs = self._unbenched(seqs)
         for seq in seqs:
             budget = min(self.k, seq.room_for_drafts)
             if budget and self.policy is not None:
@@ -74,6 +72,11 @@ class Proposer(ABC):
                 work.append((seq, budget))
         if work:
             self.draft(work)
+
+    def _unbenched(self, seqs: list[Sequence]) -> list[Sequence]:
+        """``seqs`` less those the policy benched (spec/shared_acceptance.py), in one pass."""
+        unbenched = getattr(self.policy, "unbenched", None)   # (a policy of one's own may lack it)
+        return seqs if unbenched is None else unbenched(seqs)
 
     @abstractmethod
     def draft(self, work: list[tuple[Sequence, int]]) -> None:
