@@ -7,7 +7,8 @@ weight matrix once, so the step is bound by reading the weights from HBM. This k
 extra memory traffic). Few outputs over a long reduction (a down projection) leave too few
 programs to keep HBM busy, so the reduction is split over ``SPLIT_K`` programs per tile and
 summed by the last of them (kernels/arrival.py). Float32 accumulation; one rounding to the output
-dtype.
+dtype. :func:`gemv_silu_mul` is the gate/up product of a SwiGLU MLP with the activation in its
+epilogue, one launch where a product and ``silu_and_mul`` took two.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from mtpserve.kernels.pdl import pdl_wait
 MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
+# off: SwiGLU MLPs take the product, then silu_and_mul (gpu_decode.py --compare no_silu_mul_fusion)
+FUSE_SILU_MUL = True
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -145,4 +148,59 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         **pdl.launch(x))
+    return y
+
+
+@triton.jit
+def _gemv_silu_mul_kernel(x_ptr, w_ptr, y_ptr, M, I, sx, sw, sy, K: tl.constexpr,
+                          PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+                          STAGES: tl.constexpr, PDL: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pdl_wait(PDL)
+    m = tl.arange(0, ROWS)
+    nmask, mmask = n < I, m < M
+    gate_rows = w_ptr + n[:, None].to(tl.int64) * sw
+    up_rows = w_ptr + (n + I)[:, None].to(tl.int64) * sw
+    acc_g = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        wmask = nmask[:, None] & kmask[None, :]
+        wg = tl.load(gate_rows + k[None, :], mask=wmask, other=0.0)
+        wu = tl.load(up_rows + k[None, :], mask=wmask, other=0.0)
+        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
+                    other=0.0).to(wg.dtype)
+        acc_g += tl.dot(x, tl.trans(wg), input_precision=PRECISION)
+        acc_u += tl.dot(x, tl.trans(wu), input_precision=PRECISION)
+    # rounded as the separate product would store them, then silu_and_mul's float32 formula
+    g = acc_g.to(y_ptr.dtype.element_ty).to(tl.float32)
+    u = acc_u.to(y_ptr.dtype.element_ty).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(y_ptr + m[:, None] * sy + n[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's first half in one launch: ``silu(x Wg^T) * (x Wu^T)`` for ``weight`` [2I, K]
+    (the I gate rows, then the I up rows: ``MergedColumnParallelLinear``'s layout) and ``x``
+    [M, K], ``M <= MAX_ROWS``, both bfloat16 or float16 (``use_gemv``). Returns [M, I] in x's
+    dtype, bit-equal to ``silu_and_mul(gemv(x, weight))``: the epilogue rounds the gate and up
+    products to x's dtype before the activation, as the two-kernel path stores them. Same
+    tiles as :func:`gemv` over [2I, K] with half the rows per program from each half (no
+    split-K: these products are wide). Raises ``ValueError`` as :func:`gemv` does, or for an
+    odd number of weight rows."""
+    M, (N, K) = x.shape[0], weight.shape
+    if M > MAX_ROWS or weight.stride(-1) != 1 or x.shape[1] != K or N % 2:
+        raise ValueError(f"gemv_silu_mul: x {tuple(x.shape)} (at most {MAX_ROWS} rows) and a "
+                         f"weight {tuple(weight.shape)} contiguous along K with 2I rows")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cfg = tile_config(N, K)
+    block_n, inter = max(16, cfg["block_n"] // 2), N // 2
+    y = torch.empty(M, inter, dtype=x.dtype, device=x.device)
+    _gemv_silu_mul_kernel[(triton.cdiv(inter, block_n),)](
+        x, weight, y, M, inter, x.stride(0), weight.stride(0), y.stride(0), K=K,
+        PRECISION="ieee" if x.dtype == torch.float32 else None, BLOCK_N=block_n,
+        BLOCK_K=cfg["block_k"], ROWS=MAX_ROWS, STAGES=cfg["stages"], num_warps=cfg["num_warps"], **pdl.launch(x))
     return y

@@ -86,6 +86,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         part = loaded.narrow(0, self.tp_rank * sizes[shard_id], sizes[shard_id])
         param.data.narrow(0, offset, sizes[shard_id]).copy_(part)
 
+    def forward_silu_mul(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        """``act(self(x))`` for a [gate | up] layer and ``act`` = SiluAndMul: [T, in] -> [T, I].
+        Where the product takes the skinny Triton kernel (a few rows on CUDA, no bias), the
+        activation runs in that kernel's epilogue (``gemv_silu_mul``: one launch, same bits)."""
+        if self.bias is None and len(self.output_sizes) == 2 and use_gemv(x, self.weight):
+            from mtpserve.kernels import gemv_triton
+
+            if gemv_triton.FUSE_SILU_MUL:
+                return gemv_triton.gemv_silu_mul(x, self.weight)
+        return act(self(x))
+
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Query, key and value projections in one matrix, split by heads over TP ranks.
