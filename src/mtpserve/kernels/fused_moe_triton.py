@@ -7,9 +7,11 @@ MegaBlocks (Gale et al. 2023) and vLLM, the (token, choice) rows are sorted by e
 so that every block of ``block_m`` rows belongs to one expert; a kernel then runs one GEMM tile
 per (block, output columns), reading that expert's weights once per block:
 
-1. :func:`align_by_expert` (torch ops only: scatter_add, argsort, cumsum, searchsorted) gives
-   ``rows`` [R] int64, the flat (token * top_k + choice) index at each padded position (``T * k``
-   marks padding), and ``block_expert`` [R / block_m] int64 (-1: block past the end);
+1. :func:`align_by_expert` gives ``rows`` [R] int64, the flat (token * top_k + choice) index at
+   each padded position (``T * k`` marks padding), and ``block_expert`` [R / block_m] int64 (-1:
+   block past the end): on CUDA one Triton program (:func:`align_by_expert_triton`: prefill
+   is host-bound, and the PyTorch ops of :func:`align_by_expert_torch`, its reference, are ~16
+   launches per MoE layer);
 2. ``_gate_up_kernel``: ``act = silu(x W_gate^T) * (x W_up^T)`` per padded row;
 3. ``_down_kernel``: ``out[row] = routing_weight[row] * act W_down^T`` scattered back to the flat
    (token, choice) rows; the caller sums over the k choices.
@@ -21,6 +23,7 @@ the Triton interpreter also needs). All accumulation is float32, rounded once to
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,17 +34,23 @@ from mtpserve.kernels import pdl
 from mtpserve.kernels.pdl import pdl_wait
 
 
+# most experts the sort by expert holds in one program's registers (Qwen3-Next has 512)
+MAX_EXPERTS = 1024
+
+
 def padded_rows(num_rows: int, num_experts: int, block_m: int) -> int:
     """Upper bound of the padded row count for ``num_rows`` (token, choice) rows."""
     bound = num_rows + min(num_rows, num_experts) * (block_m - 1)
     return triton.cdiv(bound, block_m) * block_m
 
 
-def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
-    """Sort the flat (token, choice) rows of ``ids`` [T, k] (expert indices) by expert, each
-    expert's run padded to a multiple of ``block_m``.
+def align_by_expert_torch(ids: torch.Tensor, num_experts: int, block_m: int):
+    """The layout of :func:`align_by_expert` in PyTorch ops (scatter_add, a stable argsort,
+    cumsum, searchsorted; ~16 kernels on CUDA): the reference of :func:`align_by_expert_triton`,
+    and the path on the CPU without Triton's interpreter and above ``ALIGN_KERNEL_MAX_ROWS``.
 
-    Returns (rows [R] int64, block_expert [R // block_m] int64); see the module docstring.
+    Args and returns as :func:`align_by_expert`. Raises RuntimeError (CPU; a device-side assert
+    on CUDA) for an expert index outside [0, num_experts).
     """
     flat = ids.flatten()
     n = flat.numel()
@@ -61,6 +70,172 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
     block_expert = torch.searchsorted(pend, starts, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1)
     return rows, block_expert
+
+
+# ---- the sort by expert in one kernel ------------------------------------------------------------
+# above this many (token, choice) rows align_by_expert takes the PyTorch ops: one program walks
+# the rows in order, so its time grows with n (tuned on the H200: see align_by_expert)
+ALIGN_KERNEL_MAX_ROWS = 16384
+# rows per step of the kernel's loops (its [ALIGN_CHUNK, ALIGN_CHUNK] rank tile), and
+# padded positions per step of its block loop
+ALIGN_CHUNK = 128
+ALIGN_FILL = 4096
+ALIGN_WARPS = 4
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _expert_counts(ids_ptr, n, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """[E_PAD] int32: how many of the n ids name each expert."""
+    counts = tl.zeros([E_PAD], tl.int32)
+    for c0 in range(0, n, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        live = offs < n
+        e = tl.load(ids_ptr + offs, mask=live, other=0).to(tl.int32)
+        counts += tl.histogram(e, E_PAD, mask=live)
+    return counts
+
+
+@triton.jit
+def _count_at_most(sorted_vals, x, E_PAD: tl.constexpr, LOG_E: tl.constexpr):
+    """For each x: how many of the non-decreasing ``sorted_vals`` [E_PAD] are <= x (a binary
+    search, one bit of the answer per step, from the highest)."""
+    pos = tl.zeros(x.shape, tl.int32)
+    for i in tl.static_range(LOG_E):
+        step: tl.constexpr = E_PAD >> (i + 1)
+        v = tl.gather(sorted_vals, pos + (step - 1), 0)
+        pos = tl.where(v <= x, pos + step, pos)
+    v = tl.gather(sorted_vals, pos, 0)             # pos <= E_PAD - 1 here
+    return tl.where(v <= x, pos + 1, pos)
+
+
+@triton.jit
+def _write_blocks(rows_ptr, be_ptr, n, counts, pstart, pend, E: tl.constexpr,
+                  E_PAD: tl.constexpr, LOG_E: tl.constexpr, BM: tl.constexpr,
+                  BLOCKS: tl.constexpr):
+    """Each block's expert (the first whose padded run ends after the block's start; -1 past
+    the last run), and ``n`` at every padding position: the slots past an expert's rows in its
+    run, and every slot of the blocks past the end. The other slots are left to
+    :func:`_scatter_rows` (disjoint addresses: no ordering between the two is needed)."""
+    lane = tl.arange(0, E_PAD)
+    bound = tl.where(lane < E, pend, 2147483647)   # lanes past E: never at most a start
+    nb = (n + tl.minimum(n, E) * (BM - 1) + BM - 1) // BM
+    slot = tl.arange(0, BM)
+    for b0 in range(0, nb, BLOCKS):
+        b = b0 + tl.arange(0, BLOCKS)
+        live = b < nb
+        start = b * BM
+        ex = _count_at_most(bound, start, E_PAD, LOG_E)
+        tl.store(be_ptr + b, tl.where(ex < E, ex, -1).to(tl.int64), mask=live)
+        ec = tl.minimum(ex, E_PAD - 1)
+        used_end = tl.gather(pstart, ec, 0) + tl.gather(counts, ec, 0)
+        pos = start[:, None] + slot[None, :]
+        pad = (ex[:, None] >= E) | (pos >= used_end[:, None])
+        tl.store(rows_ptr + pos, tl.full(pos.shape, n, tl.int64), mask=live[:, None] & pad)
+
+
+@triton.jit
+def _scatter_rows(ids_ptr, rows_ptr, n, pstart, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """Store each flat index i at ``pstart[e] + (rows before i naming e)``, e = ids[i]: chunk
+    by chunk, the rank inside the chunk from a [CHUNK, CHUNK] comparison and the rows of earlier
+    chunks from a running per-expert cursor."""
+    cursor = pstart
+    i = tl.arange(0, CHUNK)
+    before = i[None, :] < i[:, None]               # [i, j]: j comes before i
+    for c0 in range(0, n, CHUNK):
+        offs = c0 + i
+        live = offs < n                            # dead lanes come last: they rank no live one
+        e = tl.load(ids_ptr + offs, mask=live, other=0).to(tl.int32)
+        rank = tl.sum(((e[None, :] == e[:, None]) & before).to(tl.int32), 1)
+        dest = tl.gather(cursor, e, 0) + rank
+        tl.store(rows_ptr + dest, offs.to(tl.int64), mask=live)
+        cursor += tl.histogram(e, E_PAD, mask=live)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, rows_ptr, be_ptr, n, E: tl.constexpr, E_PAD: tl.constexpr,
+                  LOG_E: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr,
+                  BLOCKS: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    counts = _expert_counts(ids_ptr, n, E_PAD, CHUNK)
+    padded = (counts + BM - 1) // BM * BM
+    pend = tl.cumsum(padded, 0)
+    pstart = pend - padded
+    _write_blocks(rows_ptr, be_ptr, n, counts, pstart, pend, E, E_PAD, LOG_E, BM, BLOCKS)
+    _scatter_rows(ids_ptr, rows_ptr, n, pstart, E_PAD, CHUNK)
+
+
+def align_by_expert_triton(ids: torch.Tensor, num_experts: int, block_m: int,
+                           chunk: int = ALIGN_CHUNK):
+    """:func:`align_by_expert` as one Triton program (one launch, no host sync; bit-equal to
+    :func:`align_by_expert_torch`). Three passes over the flat ids:
+
+    1. per-expert counts (``tl.histogram`` per chunk), padded to ``block_m``; the runs' starts
+       and ends from a prefix sum over the experts;
+    2. per block: its expert by a binary search of its start in the run ends (PyTorch's
+       ``searchsorted(..., right=True)``), and ``n`` in the block's padding slots;
+    3. per chunk of ``chunk`` rows: each row's stable rank among the chunk's rows of its expert
+       (a [chunk, chunk] comparison) plus a running per-expert cursor (``tl.gather``), where its
+       flat index is stored.
+
+    The idea is the one of vLLM's ``moe_align_block_size`` (a count, a prefix sum, a scatter),
+    written here anew for one program and a stable order.
+
+    Args:
+        ids: [T, k] integer expert indices in [0, num_experts) on a CUDA device (or the CPU under
+            ``TRITON_INTERPRET=1``); an index outside is not checked (its row is left out and a
+            slot of ``rows`` is never written).
+        num_experts: E, at most ``MAX_EXPERTS`` (a compile-time constant of the kernel).
+        block_m: rows per block, a power of two.
+        chunk: rows per step of the kernel's loops, a power of two (the results do not depend
+            on it).
+
+    Returns: as :func:`align_by_expert`.
+
+    Raises:
+        ValueError: ``ids`` not 2-D or not integer, ``num_experts`` outside [1, MAX_EXPERTS],
+            ``block_m`` or ``chunk`` not a power of two.
+    """
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise ValueError(f"align_by_expert takes [T, k] integer ids, got {tuple(ids.shape)} "
+                         f"{ids.dtype}")
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
+    for name, v in (("block_m", block_m), ("chunk", chunk)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    n, dev = ids.numel(), ids.device
+    R = padded_rows(n, num_experts, block_m)
+    # written by the kernel only: in a dry forward (kernels/compile_ahead.py) they stay
+    # uninitialised, which is harmless since only the (also skipped) expert kernels read them
+    rows = torch.empty(R, dtype=torch.int64, device=dev)
+    block_expert = torch.empty(R // block_m, dtype=torch.int64, device=dev)
+    if n:
+        e_pad = max(triton.next_power_of_2(num_experts), 2)
+        _align_kernel[(1,)](
+            ids.contiguous(), rows, block_expert, n, E=num_experts, E_PAD=e_pad,
+            LOG_E=e_pad.bit_length() - 1, BM=block_m, CHUNK=chunk,
+            BLOCKS=max(1, ALIGN_FILL // block_m), num_warps=ALIGN_WARPS, **pdl.launch(ids))
+    return rows, block_expert
+
+
+def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
+    """Sort the flat (token, choice) rows of ``ids`` [T, k] (int64 expert indices) by expert,
+    each expert's run padded to a multiple of ``block_m``; rows of one expert stay in increasing
+    flat order (a stable sort).
+
+    Returns (rows [R] int64, block_expert [R // block_m] int64), R =
+    ``padded_rows(T * k, num_experts, block_m)``: ``rows`` the flat index at each padded position
+    (``T * k`` marks padding), ``block_expert`` each block's expert (-1: block past the last
+    run); see the module docstring. On CUDA (or the CPU under ``TRITON_INTERPRET=1``) and for at
+    most ``ALIGN_KERNEL_MAX_ROWS`` rows: :func:`align_by_expert_triton` (one launch); otherwise
+    :func:`align_by_expert_torch` (the same outputs).
+
+    Raises: as the path taken (ValueError for bad arguments on the Triton path).
+    """
+    if (ids.is_cuda or _INTERPRET) and ids.numel() <= ALIGN_KERNEL_MAX_ROWS:
+        return align_by_expert_triton(ids, num_experts, block_m)
+    return align_by_expert_torch(ids, num_experts, block_m)
 
 
 @triton.jit
