@@ -102,7 +102,7 @@ def _count_at_most(sorted_vals, x, E_PAD: tl.constexpr, LOG_E: tl.constexpr):
     search, one bit of the answer per step, from the highest)."""
     pos = tl.zeros(x.shape, tl.int32)
     for i in tl.static_range(LOG_E):
-        step: tl.constexpr = E_PAD >> (i + 1)
+        step = E_PAD >> (i + 1)
         v = tl.gather(sorted_vals, pos + (step - 1), 0)
         pos = tl.where(v <= x, pos + step, pos)
     v = tl.gather(sorted_vals, pos, 0)             # pos <= E_PAD - 1 here
