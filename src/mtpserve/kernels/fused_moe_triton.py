@@ -9,8 +9,8 @@ per (block, output columns), reading that expert's weights once per block:
 
 1. :func:`align_by_expert` gives ``rows`` [R] int64, the flat (token * top_k + choice) index at
    each padded position (``T * k`` marks padding), and ``block_expert`` [R / block_m] int64 (-1:
-   block past the end): on CUDA one Triton program (:func:`align_by_expert_triton`: prefill
-   is host-bound, and the PyTorch ops of :func:`align_by_expert_torch`, its reference, are ~16
+   block past the end): on CUDA one Triton launch (:func:`align_by_expert_triton`: prefill is
+   host-bound, and the PyTorch ops of :func:`align_by_expert_torch`, its reference, are ~16
    launches per MoE layer);
 2. ``_gate_up_kernel``: ``act = silu(x W_gate^T) * (x W_up^T)`` per padded row;
 3. ``_down_kernel``: ``out[row] = routing_weight[row] * act W_down^T`` scattered back to the flat
@@ -73,24 +73,33 @@ def align_by_expert_torch(ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 # ---- the sort by expert in one kernel ------------------------------------------------------------
-# above this many (token, choice) rows align_by_expert takes the PyTorch ops: one program walks
-# the rows in order, so its time grows with n (tuned on the H200: see align_by_expert)
+# above this many (token, choice) rows align_by_expert takes the PyTorch ops: each program of the
+# kernel reads all n ids, so its time grows with n (H200, 2026-12-02: the kernel was still faster
+# than the PyTorch ops in a CUDA graph at 20480 rows, 47-80 us against 122 us; limit not moved)
 ALIGN_KERNEL_MAX_ROWS = 16384
-# rows per step of the kernel's loops (its [ALIGN_CHUNK, ALIGN_CHUNK] rank tile), and
-# padded positions per step of its block loop
-ALIGN_CHUNK = 128
+ALIGN_WARPS = 8
+# padded positions per step of the kernel's block loop
 ALIGN_FILL = 4096
-ALIGN_WARPS = 4
+
+
+def align_tiles(num_rows: int) -> tuple[int, int]:
+    """(rows per program, ids per step of the counting loops) of the align kernel, from
+    ``benchmarks/gpu_moe_align.py --sweep`` on the H200 (2026-12-02; 8 warps): E=64 top 8 at
+    1024 rows 3.9 us (128 rows a program: 5.1, 256: 10.5); E=512 top 10 at 1280 rows 8.8 us
+    (9.8, 15.8); E=64 at 16384 rows 12.2 us with (128, 2048) (64 rows a program: 15.9)."""
+    return (64, 1024) if num_rows <= 4096 else (128, 2048)
+
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def _expert_counts(ids_ptr, n, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """[E_PAD] int32: how many of the n ids name each expert."""
+def _expert_counts(ids_ptr, lo, hi, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """[E_PAD] int32: how many of ids[lo:hi] name each expert."""
     counts = tl.zeros([E_PAD], tl.int32)
-    for c0 in range(0, n, CHUNK):
+    for c0 in range(lo, hi, CHUNK):
         offs = c0 + tl.arange(0, CHUNK)
-        live = offs < n
+        live = offs < hi
         e = tl.load(ids_ptr + offs, mask=live, other=0).to(tl.int32)
         counts += tl.histogram(e, E_PAD, mask=live)
     return counts
@@ -113,17 +122,20 @@ def _count_at_most(sorted_vals, x, E_PAD: tl.constexpr, LOG_E: tl.constexpr):
 def _write_blocks(rows_ptr, be_ptr, n, counts, pstart, pend, E: tl.constexpr,
                   E_PAD: tl.constexpr, LOG_E: tl.constexpr, BM: tl.constexpr,
                   BLOCKS: tl.constexpr):
-    """Each block's expert (the first whose padded run ends after the block's start; -1 past
-    the last run), and ``n`` at every padding position: the slots past an expert's rows in its
-    run, and every slot of the blocks past the end. The other slots are left to
-    :func:`_scatter_rows` (disjoint addresses: no ordering between the two is needed)."""
+    """This program's share of the blocks: each block's expert (the first whose padded run
+    ends after the block's start; -1 past the last run), and ``n`` at every padding position
+    (the slots past an expert's rows in its run, every slot of the blocks past the end). The
+    other slots are :func:`_scatter_chunk`'s (disjoint addresses: no ordering is needed)."""
     lane = tl.arange(0, E_PAD)
     bound = tl.where(lane < E, pend, 2147483647)   # lanes past E: never at most a start
     nb = (n + tl.minimum(n, E) * (BM - 1) + BM - 1) // BM
+    share = tl.cdiv(nb, tl.num_programs(0))
+    first = tl.program_id(0) * share
+    last = tl.minimum(first + share, nb)
     slot = tl.arange(0, BM)
-    for b0 in range(0, nb, BLOCKS):
+    for b0 in range(first, last, BLOCKS):
         b = b0 + tl.arange(0, BLOCKS)
-        live = b < nb
+        live = b < last
         start = b * BM
         ex = _count_at_most(bound, start, E_PAD, LOG_E)
         tl.store(be_ptr + b, tl.where(ex < E, ex, -1).to(tl.int64), mask=live)
@@ -135,51 +147,53 @@ def _write_blocks(rows_ptr, be_ptr, n, counts, pstart, pend, E: tl.constexpr,
 
 
 @triton.jit
-def _scatter_rows(ids_ptr, rows_ptr, n, pstart, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """Store each flat index i at ``pstart[e] + (rows before i naming e)``, e = ids[i]: chunk
-    by chunk, the rank inside the chunk from a [CHUNK, CHUNK] comparison and the rows of earlier
-    chunks from a running per-expert cursor."""
-    cursor = pstart
+def _scatter_chunk(ids_ptr, rows_ptr, n, lo, cursor, CHUNK: tl.constexpr):
+    """Store each flat index i of ids[lo:lo + CHUNK] at ``cursor[e]`` + (rows of this chunk
+    before i naming e), e = ids[i], the rank from a [CHUNK, CHUNK] comparison."""
     i = tl.arange(0, CHUNK)
+    offs = lo + i
+    live = offs < n                                # dead lanes come last: they rank no live one
+    e = tl.load(ids_ptr + offs, mask=live, other=0).to(tl.int32)
     before = i[None, :] < i[:, None]               # [i, j]: j comes before i
-    for c0 in range(0, n, CHUNK):
-        offs = c0 + i
-        live = offs < n                            # dead lanes come last: they rank no live one
-        e = tl.load(ids_ptr + offs, mask=live, other=0).to(tl.int32)
-        rank = tl.sum(((e[None, :] == e[:, None]) & before).to(tl.int32), 1)
-        dest = tl.gather(cursor, e, 0) + rank
-        tl.store(rows_ptr + dest, offs.to(tl.int64), mask=live)
-        cursor += tl.histogram(e, E_PAD, mask=live)
+    rank = tl.sum(((e[None, :] == e[:, None]) & before).to(tl.int32), 1)
+    dest = tl.gather(cursor, e, 0) + rank
+    tl.store(rows_ptr + dest, offs.to(tl.int64), mask=live)
 
 
 @triton.jit
 def _align_kernel(ids_ptr, rows_ptr, be_ptr, n, E: tl.constexpr, E_PAD: tl.constexpr,
                   LOG_E: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr,
-                  BLOCKS: tl.constexpr, PDL: tl.constexpr):
+                  COUNT_CHUNK: tl.constexpr, BLOCKS: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
-    counts = _expert_counts(ids_ptr, n, E_PAD, CHUNK)
+    lo = tl.program_id(0) * CHUNK
+    earlier = _expert_counts(ids_ptr, 0, lo, E_PAD, COUNT_CHUNK)
+    counts = earlier + _expert_counts(ids_ptr, lo, n, E_PAD, COUNT_CHUNK)
     padded = (counts + BM - 1) // BM * BM
     pend = tl.cumsum(padded, 0)
     pstart = pend - padded
+    _scatter_chunk(ids_ptr, rows_ptr, n, lo, pstart + earlier, CHUNK)
     _write_blocks(rows_ptr, be_ptr, n, counts, pstart, pend, E, E_PAD, LOG_E, BM, BLOCKS)
-    _scatter_rows(ids_ptr, rows_ptr, n, pstart, E_PAD, CHUNK)
 
 
 def align_by_expert_triton(ids: torch.Tensor, num_experts: int, block_m: int,
-                           chunk: int = ALIGN_CHUNK):
-    """:func:`align_by_expert` as one Triton program (one launch, no host sync; bit-equal to
-    :func:`align_by_expert_torch`). Three passes over the flat ids:
+                           chunk: int | None = None, count_chunk: int | None = None):
+    """:func:`align_by_expert` in one Triton launch (no host sync; bit-equal to
+    :func:`align_by_expert_torch`): ``cdiv(n, chunk)`` programs, program p placing the rows
+    ``[p * chunk, (p + 1) * chunk)``. Each program
 
-    1. per-expert counts (``tl.histogram`` per chunk), padded to ``block_m``; the runs' starts
-       and ends from a prefix sum over the experts;
-    2. per block: its expert by a binary search of its start in the run ends (PyTorch's
-       ``searchsorted(..., right=True)``), and ``n`` in the block's padding slots;
-    3. per chunk of ``chunk`` rows: each row's stable rank among the chunk's rows of its expert
-       (a [chunk, chunk] comparison) plus a running per-expert cursor (``tl.gather``), where its
-       flat index is stored.
+    1. counts the rows of each expert before its chunk and in all (``tl.histogram`` over all
+       n ids: redundant across programs, but no program waits for another), pads the counts
+       to ``block_m`` and takes the runs' starts and ends by a prefix sum over the experts;
+    2. stores each of its rows at its run's start + the rows of that expert before the chunk
+       + its stable rank among the chunk's rows of that expert (a [chunk, chunk] comparison);
+    3. for its share of the blocks: the block's expert by a binary search of the block start in
+       the run ends (PyTorch's ``searchsorted(..., right=True)``), and ``n`` in its padding
+       slots (never a slot of step 2: no ordering between programs is needed).
 
     The idea is the one of vLLM's ``moe_align_block_size`` (a count, a prefix sum, a scatter),
-    written here anew for one program and a stable order.
+    written here anew for a stable order and no cross-program synchronisation. Each program
+    reads all n ids, so the kernel's time grows with n: ``align_by_expert`` takes it up to
+    ``ALIGN_KERNEL_MAX_ROWS`` rows.
 
     Args:
         ids: [T, k] integer expert indices in [0, num_experts) on a CUDA device (or the CPU under
@@ -187,24 +201,26 @@ def align_by_expert_triton(ids: torch.Tensor, num_experts: int, block_m: int,
             slot of ``rows`` is never written).
         num_experts: E, at most ``MAX_EXPERTS`` (a compile-time constant of the kernel).
         block_m: rows per block, a power of two.
-        chunk: rows per step of the kernel's loops, a power of two (the results do not depend
-            on it).
+        chunk, count_chunk: rows per program and ids per step of its counting loops, powers of
+            two (default: :func:`align_tiles`; the results do not depend on them).
 
     Returns: as :func:`align_by_expert`.
 
     Raises:
         ValueError: ``ids`` not 2-D or not integer, ``num_experts`` outside [1, MAX_EXPERTS],
-            ``block_m`` or ``chunk`` not a power of two.
+            ``block_m``, ``chunk`` or ``count_chunk`` not a power of two.
     """
     if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype.is_complex:
         raise ValueError(f"align_by_expert takes [T, k] integer ids, got {tuple(ids.shape)} "
                          f"{ids.dtype}")
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
-    for name, v in (("block_m", block_m), ("chunk", chunk)):
+    n, dev = ids.numel(), ids.device
+    tiles = align_tiles(n)
+    chunk, count_chunk = chunk or tiles[0], count_chunk or tiles[1]
+    for name, v in (("block_m", block_m), ("chunk", chunk), ("count_chunk", count_chunk)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    n, dev = ids.numel(), ids.device
     R = padded_rows(n, num_experts, block_m)
     # written by the kernel only: in a dry forward (kernels/compile_ahead.py) they stay
     # uninitialised, which is harmless since only the (also skipped) expert kernels read them
@@ -212,10 +228,11 @@ def align_by_expert_triton(ids: torch.Tensor, num_experts: int, block_m: int,
     block_expert = torch.empty(R // block_m, dtype=torch.int64, device=dev)
     if n:
         e_pad = max(triton.next_power_of_2(num_experts), 2)
-        _align_kernel[(1,)](
+        _align_kernel[(triton.cdiv(n, chunk),)](
             ids.contiguous(), rows, block_expert, n, E=num_experts, E_PAD=e_pad,
             LOG_E=e_pad.bit_length() - 1, BM=block_m, CHUNK=chunk,
-            BLOCKS=max(1, ALIGN_FILL // block_m), num_warps=ALIGN_WARPS, **pdl.launch(ids))
+            COUNT_CHUNK=count_chunk, BLOCKS=max(1, ALIGN_FILL // block_m),
+            num_warps=ALIGN_WARPS, **pdl.launch(ids))
     return rows, block_expert
 
 
