@@ -6,7 +6,7 @@ program (``align_by_expert_triton``) against the PyTorch ops (``align_by_expert_
 For E=64 top 8 and E=512 top 10 (Qwen3-Next) and each token count, with routed random ids
 (distinct experts per token): microseconds of device time per call (20 calls captured in a CUDA
 graph, median of 5 replays) and of wall time per eager call (200 calls back to back, one sync at
-the end: what a host-bound prefill pays). ``--sweep``: the kernel's chunk, fill tile and warps.
+the end: what a host-bound prefill pays). ``--sweep``: the kernel's chunk, counting chunk and warps.
 """
 
 from __future__ import annotations
@@ -61,19 +61,19 @@ def compare(tokens) -> dict:
 
 def sweep(tokens) -> dict:
     out = {}
-    saved = fm.ALIGN_FILL, fm.ALIGN_WARPS
+    saved = fm.ALIGN_WARPS
     for (E, k), T in itertools.product(SHAPES, tokens):
         ids, bm = ids_of(T, k, E), fm._block_m(T * k)
         rows = []
-        for chunk, fill, warps in itertools.product((64, 128, 256), (2048, 4096, 8192),
-                                                    (2, 4, 8)):
-            fm.ALIGN_FILL, fm.ALIGN_WARPS = fill, warps
-            us = graph_time(lambda i: fm.align_by_expert_triton(ids, E, bm, chunk), CALLS)
-            rows.append((us, chunk, fill, warps))
-        fm.ALIGN_FILL, fm.ALIGN_WARPS = saved
+        for chunk, count, warps in itertools.product((64, 128, 256), (512, 1024, 2048),
+                                                     (4, 8)):
+            fm.ALIGN_WARPS = warps
+            us = graph_time(lambda i: fm.align_by_expert_triton(ids, E, bm, chunk, count), CALLS)
+            rows.append((us, chunk, count, warps))
+        fm.ALIGN_WARPS = saved
         rows.sort()
-        print(f"E={E} k={k} T={T}: best (us, chunk, fill, warps) {rows[:4]}; worst {rows[-1]}",
-              flush=True)
+        print(f"E={E} k={k} T={T}: best (us, chunk, count chunk, warps) {rows[:4]}; "
+              f"worst {rows[-1]}", flush=True)
         out[f"E={E} k={k} T={T}"] = rows
     return out
 

@@ -25,7 +25,8 @@ def routed_ids(T: int, k: int, E: int, seed: int) -> torch.Tensor:
 
 
 def cases(seed: int = 0):
-    """(name, ids [T, k] int64 on the CPU, num_experts, block_m, chunk or None) for the kernel's
+    """(name, ids [T, k] int64 on the CPU, num_experts, block_m, (rows per program, ids per
+    counting step) or None for the defaults) for the kernel's
     edge cases: one row, less than a chunk, exact chunks and a partial last one, experts with no
     rows (first, last, most), every row to one expert, E not a power of two, E = 64 top 8 and
     E = 512 top 10 (Qwen3-Next), each block size of ``_block_m``."""
@@ -34,19 +35,19 @@ def cases(seed: int = 0):
            ("below a chunk", routed_ids(5, 2, 64, seed), 64, 16, None),
            ("exact chunks", routed_ids(64, 4, 16, seed + 1), 16, 64, None),
            ("above a chunk", routed_ids(150, 4, 16, seed + 2), 16, 64, None),
-           ("small chunks", routed_ids(41, 3, 8, seed + 3), 8, 16, 4),
+           ("small chunks", routed_ids(41, 3, 8, seed + 3), 8, 16, (4, 16)),
            ("E=64 k=8", routed_ids(37, 8, 64, seed + 4), 64, 64, None),
            ("E=512 k=10 small", routed_ids(6, 10, 512, seed + 5), 512, 16, None),
            ("E=512 k=10", routed_ids(40, 10, 512, seed + 6), 512, 64, None),
-           ("E=60", torch.randint(0, 60, (70, 3), generator=g), 60, 16, 32),
+           ("E=60", torch.randint(0, 60, (70, 3), generator=g), 60, 16, (32, 64)),
            ("E=2", torch.randint(0, 2, (33, 1), generator=g), 2, 64, None)]
     sparse = torch.tensor([0, 5, 63])[torch.randint(0, 3, (90, 2), generator=g)]
-    out.append(("three experts of 64", sparse, 64, 16, 64))
+    out.append(("three experts of 64", sparse, 64, 16, (64, 32)))
     mid = torch.randint(10, 20, (50, 4), generator=g)       # first and last experts empty
     out.append(("middle experts", mid, 32, 64, None))
     for e in (0, 7, 63):
         out.append((f"all to expert {e}", torch.full((75, 4), e), 64, 64, None))
-    out.append(("all to one, block 16", torch.full((9, 2), 5), 64, 16, 8))
+    out.append(("all to one, block 16", torch.full((9, 2), 5), 64, 16, (8, 8)))
     return out
 
 
@@ -87,8 +88,7 @@ def check_align(device, random_sizes=()) -> dict:
     (and each (T, k, E) of ``random_sizes`` with routed random ids, both block sizes), the
     reference itself checked by :func:`check_layout`; an empty ``ids``; the errors raised.
     Returns {case name: padded rows R}."""
-    from mtpserve.kernels.fused_moe_triton import (ALIGN_CHUNK, align_by_expert_torch,
-                                                   align_by_expert_triton)
+    from mtpserve.kernels.fused_moe_triton import align_by_expert_torch, align_by_expert_triton
 
     seen = {}
     todo = list(cases())
@@ -96,16 +96,16 @@ def check_align(device, random_sizes=()) -> dict:
         for bm in BLOCK_MS:
             todo.append((f"random T={T} k={k} E={E} bm={bm}", routed_ids(T, k, E, 100 + i), E,
                          bm, None))
-    for name, ids, E, bm, chunk in todo:
+    for name, ids, E, bm, tiles in todo:
         check_layout(*align_by_expert_torch(ids, E, bm), ids, E, bm)
-        got = align_by_expert_triton(ids.to(device), E, bm, chunk or ALIGN_CHUNK)
+        got = align_by_expert_triton(ids.to(device), E, bm, *(tiles or ()))
         _equal(got, ids, E, bm, name)
         seen[name] = got[0].numel()
     rows, be = align_by_expert_triton(torch.empty(0, 4, dtype=torch.int64, device=device), 64, 16)
     assert rows.numel() == 0 and be.numel() == 0
     ids = torch.zeros(2, 2, dtype=torch.int64, device=device)
     for args in ((ids[0], 8, 16), (ids.float(), 8, 16), (ids, 0, 16), (ids, 2048, 16),
-                 (ids, 8, 24), (ids, 8, 16, 3)):
+                 (ids, 8, 24), (ids, 8, 16, 3), (ids, 8, 16, 64, 100)):
         try:
             align_by_expert_triton(*args)
         except ValueError:
@@ -173,3 +173,28 @@ def check_fused_experts(device) -> dict:
         worst[f"E={E} k={k} T={T}"] = err
         assert err < 1e-5, (E, k, T, err)
     return worst
+
+
+def compile_for_hopper(num_experts: int, block_m: int, num_rows: int) -> dict:
+    """Compile the align kernel for sm_90 (H100 / H200) as ``align_by_expert_triton`` would launch
+    it for ``num_rows`` rows, PDL on, without a GPU (Triton's frontend, LLVM and ptxas only): the
+    interpreter accepts some code the compiler refuses. Returns the compiled kernel's metadata
+    (shared memory bytes, warps)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mtpserve.kernels import fused_moe_triton as fm
+
+    e_pad = max(triton.next_power_of_2(num_experts), 2)
+    chunk, count = fm.align_tiles(num_rows)
+    sig = {"ids_ptr": "*i64", "rows_ptr": "*i64", "be_ptr": "*i64", "n": "i32"}
+    consts = dict(E=num_experts, E_PAD=e_pad, LOG_E=e_pad.bit_length() - 1, BM=block_m,
+                  CHUNK=chunk, COUNT_CHUNK=count, BLOCKS=max(1, fm.ALIGN_FILL // block_m),
+                  PDL=True)
+    sig.update({k: "constexpr" for k in consts})
+    # an integer-only kernel: fp fusion named only so that Triton 3.9 does not warn
+    kernel = triton.compile(ASTSource(fm._align_kernel, sig, consts),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": fm.ALIGN_WARPS, "enable_fp_fusion": False})
+    return {"shared": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps}
