@@ -376,6 +376,23 @@ def test_fused_moe_kernel_matches_expert_loop(tokens, top_k, experts, dtype):
     check(out, x, ids, w)
 
 
+def test_align_by_expert_kernel_matches_torch():
+    """The sort by expert in one Triton kernel equal (torch.equal) to its PyTorch reference on
+    the edge cases of tests/moe_align_check.py and routed random ids of several sizes (up to
+    the kernel's row limit), both block sizes; the dispatch at the row limit; a CUDA-graph
+    replay with other ids (the same cases run on the CPU under the interpreter:
+    tests/test_moe_align.py)."""
+    import sys
+    sys.path.insert(0, "tests")
+    import moe_align_check
+
+    sizes = ((1, 10, 512), (7, 8, 64), (128, 10, 512), (257, 8, 64), (1000, 10, 512),
+             (1638, 10, 512), (2048, 8, 128), (4096, 4, 256))
+    print(moe_align_check.check_align("cuda", sizes))
+    print(moe_align_check.check_dispatch("cuda"))
+    moe_align_check.check_graph()
+
+
 def _fused_check():
     import sys
     sys.path.insert(0, "tests")
