@@ -8,7 +8,8 @@ extra memory traffic). Few outputs over a long reduction (a down projection) lea
 programs to keep HBM busy, so the reduction is split over ``SPLIT_K`` programs per tile and
 summed by the last of them (kernels/arrival.py). Float32 accumulation; one rounding to the output
 dtype. :func:`gemv_silu_mul` is the gate/up product of a SwiGLU MLP with the activation in its
-epilogue, one launch where a product and ``silu_and_mul`` took two.
+epilogue, one launch where a product and ``silu_and_mul`` took two (off by default:
+``FUSE_SILU_MUL``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from mtpserve.kernels.pdl import pdl_wait
 MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
-# off: SwiGLU MLPs take the product, then silu_and_mul (gpu_decode.py --compare no_silu_mul_fusion)
-FUSE_SILU_MUL = True
+# on: SwiGLU MLPs take gemv_silu_mul. Off by default: on the H200 it made Qwen3-1.7B's batch-1
+# step slower, 1.712 against 1.539 ms with the product then silu_and_mul (BENCHMARKS.md, session
+# 15; its tiles are gemv's halved per half, untuned). gpu_decode.py --compare silu_mul_fusion
+FUSE_SILU_MUL = False
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:

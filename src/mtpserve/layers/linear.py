@@ -88,8 +88,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def forward_silu_mul(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """``act(self(x))`` for a [gate | up] layer and ``act`` = SiluAndMul: [T, in] -> [T, I].
-        Where the product takes the skinny Triton kernel (a few rows on CUDA, no bias), the
-        activation runs in that kernel's epilogue (``gemv_silu_mul``: one launch, same bits)."""
+        Where the product takes the skinny Triton kernel (a few rows on CUDA, no bias) and
+        ``gemv_triton.FUSE_SILU_MUL`` is on (off by default: slower on the H200), the activation
+        runs in that kernel's epilogue (``gemv_silu_mul``: one launch, same bits)."""
         if self.bias is None and len(self.output_sizes) == 2 and use_gemv(x, self.weight):
             from mtpserve.kernels import gemv_triton
 
