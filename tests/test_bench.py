@@ -442,6 +442,9 @@ def test_rounds_keep_both_servers_up_and_take_turns(url, monkeypatch):
             assert [r["round"] for r in lv["requests"]] == [0, 0, 1, 1, 2, 2]
     rows = compare_runs(off, on)
     assert [len(row["round_ratios"]) for row in rows] == [3, 3]
+    from mtpserve.bench.compare import ratio_interval
+    assert rows[1]["round_interval"]["total_tok_s"] == ratio_interval(
+        [r["total_tok_s"] for r in rows[1]["round_ratios"]])
     lv_off, lv_on = off["levels"][1], on["levels"][1]
     assert rows[1]["round_ratios"][2]["total_tok_s"] == pytest.approx(
         lv_on["rounds"][2]["total_tok_s"] / lv_off["rounds"][2]["total_tok_s"])
@@ -499,3 +502,29 @@ def test_compare_starts_off_then_on_servers_and_prints_ratios(tmp_path, capsys):
     for run in doc["runs"]:  # both servers were stopped
         with pytest.raises(httpx.ConnectError):
             httpx.get(run["url"] + "/health", timeout=5)
+
+
+def test_round_ratios_get_a_geometric_mean_and_a_t_interval():
+    """Session 15's c=64 rounds (0.941, 0.932, 0.980): mean 0.951x, t interval (2 degrees of
+    freedom, t = 4.303) 0.890-1.016: within noise; three rounds at 1.10, 1.12, 1.11: on
+    faster; at 0.90, 0.91, 0.92: on slower; two rounds at 1.10 and 1.12 (t = 12.706): within
+    noise; one round or a missing ratio: no interval."""
+    import math
+    import statistics
+
+    from mtpserve.bench.compare import ratio_interval, verdict
+
+    r = [0.941, 0.932, 0.980]
+    logs = [math.log(x) for x in r]
+    half = 4.303 * statistics.stdev(logs) / math.sqrt(3)
+    mean, low, high = ratio_interval(r)
+    assert mean == pytest.approx(math.exp(statistics.fmean(logs)), rel=1e-12)
+    assert (low, high) == (pytest.approx(mean * math.exp(-half), rel=1e-12),
+                           pytest.approx(mean * math.exp(half), rel=1e-12))
+    assert (round(mean, 3), round(low, 3), round(high, 3)) == (0.951, 0.890, 1.016)
+    assert verdict((mean, low, high)) == "within noise"
+    assert verdict(ratio_interval([1.10, 1.12, 1.11])) == "on faster"
+    assert verdict(ratio_interval([0.90, 0.91, 0.92])) == "on slower"
+    assert verdict(ratio_interval([1.10, 1.12])) == "within noise"
+    assert ratio_interval([0.9]) is None and ratio_interval([0.9, None]) is None
+    assert verdict(None) == "-"

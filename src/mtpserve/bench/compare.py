@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 # (name, summary key, sub-key): the numbers compared; higher is better for the tok/s ones,
 # lower for the latencies
 RATIO_FIELDS = (
@@ -10,6 +13,33 @@ RATIO_FIELDS = (
     ("ttft_p50", "ttft_ms", "p50"),
     ("tpot_p50", "tpot_ms", "p50"),
 )
+
+
+# Student's t, two-sided 95%: the 0.975 quantile for 1..10 degrees of freedom (beyond: 2.0,
+# within 0.23 of the exact value from 11 on, rounding the interval a little wider)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float, float] | None:
+    """The geometric mean of per-round on/off ratios and its 95% confidence interval
+    ``(mean, low, high)``: a t interval on the log ratios (the rounds taken as independent
+    samples of one machine's noise). None for fewer than two ratios or a non-positive one."""
+    if len(ratios) < 2 or any(r is None or r <= 0 for r in ratios):
+        return None
+    logs = [math.log(r) for r in ratios]
+    n, mean = len(logs), statistics.fmean(logs)
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 2.0
+    half = t * statistics.stdev(logs) / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(interval: tuple[float, float, float] | None) -> str:
+    """"on faster" / "on slower" when the 95% interval of on/off (tok/s) excludes 1, else
+    "within noise"; "-" without an interval."""
+    if interval is None:
+        return "-"
+    _, low, high = interval
+    return "on faster" if low > 1 else "on slower" if high < 1 else "within noise"
 
 
 def value(summary: dict, key: str, sub: str | None) -> float | None:
@@ -33,7 +63,7 @@ def compare_runs(off: dict, on: dict) -> list[dict]:
     dict over ``RATIO_FIELDS`` names (``ratio`` = on / off of the pooled summaries; None where
     a value is missing), plus ``on["acceptance_length"]``. When both levels ran in rounds
     (``--rounds``), also ``round_ratios``: the ratios of round k of one against round k of the
-    other, in order."""
+    other, in order, and ``round_interval``: per name, :func:`ratio_interval` of those."""
     off_levels = {lv["concurrency"]: lv for lv in off["levels"]}
     rows = []
     for lv in on["levels"]:
@@ -49,5 +79,7 @@ def compare_runs(off: dict, on: dict) -> list[dict]:
             row["on"][name] = value(s_on, key, sub)
         if "rounds" in lv and "rounds" in lv_off:
             row["round_ratios"] = [_ratios(a, b) for a, b in zip(lv_off["rounds"], lv["rounds"])]
+            row["round_interval"] = {name: ratio_interval([r[name] for r in row["round_ratios"]])
+                                     for name, *_ in RATIO_FIELDS}
         rows.append(row)
     return rows

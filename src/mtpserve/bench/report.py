@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtpserve.bench.compare import RATIO_FIELDS
+from mtpserve.bench.compare import RATIO_FIELDS, ratio_interval, verdict
 
 # (header, summary key, sub-key, format)
 COLUMNS = (
@@ -75,13 +75,18 @@ def compare_table(rows: list[dict]) -> str:
 
 
 def _rounds_table(rows: list[dict]) -> str:
-    """Per concurrency, the on/off ratio of each round (``--rounds``) for the tok/s numbers."""
+    """Per concurrency, the on/off ratio of each round (``--rounds``) for the tok/s numbers,
+    their geometric mean with its 95% interval, and whether that tells on from off."""
     names = [name for name, *_ in RATIO_FIELDS if name.endswith("tok_s")]
     body = []
     for row in rows:
         for name in names:
             ratios = [r[name] for r in row.get("round_ratios", [])]
-            body.append([str(row["concurrency"]), name]
-                        + ["  ".join("-" if x is None else f"{x:.3f}x" for x in ratios)])
+            ci = ratio_interval(ratios)
+            body.append([str(row["concurrency"]), name,
+                         "  ".join("-" if x is None else f"{x:.3f}x" for x in ratios),
+                         "-" if ci is None else f"{ci[0]:.3f}x ({ci[1]:.3f}-{ci[2]:.3f})",
+                         verdict(ci)])
     return ("== on/off by round (servers in turns: off on, on off, ...)\n"
-            + table(["conc", "number", "on/off per round"], body))
+            + table(["conc", "number", "on/off per round", "mean (95% interval)", "verdict"],
+                    body))
