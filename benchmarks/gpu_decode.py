@@ -176,7 +176,8 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
-                "silu_mul_fusion": (gemv_triton, "FUSE_SILU_MUL", True)}
+                "silu_mul_fusion": (gemv_triton, "SILU_MUL_FUSION", "half"),
+                "silu_mul_fusion_full": (gemv_triton, "SILU_MUL_FUSION", "full")}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
@@ -208,11 +209,12 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge", "silu_mul_fusion"],
+                    choices=["cublas", "no_pdl", "no_self_merge", "silu_mul_fusion",
+                             "silu_mul_fusion_full"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel, with SiLU-and-mul in the gate/up product's "
-                         "epilogue")
+                         "epilogue (half / all of gemv's rows per half)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

@@ -47,11 +47,12 @@ def check_split_k(device: str, shapes=((40, 300), (2048, 6144)), splits=(1, 2, 3
 
 
 def check_silu_mul(device: str, shapes=((48, 300), (6144, 2048), (12288, 4096))) -> int:
-    """``gemv_silu_mul`` over [2I, K] gate/up weights (CPU: float32, the first shape; CUDA:
-    bfloat16, every shape: the 1.7B and 8B MLPs): within 1e-5 (CPU) / 1e-2 (bfloat16 output)
-    of ``silu(x Wg^T) * (x Wu^T)`` in float32; a row's bits do not depend on the rows beside
-    it; an odd row count raises ValueError. Returns how many elements, over every shape and
-    row count, differ from the two-launch ``silu_and_mul(gemv(x, w))``."""
+    """``gemv_silu_mul`` over [2I, K] gate/up weights, both tile modes (CPU: float32, the
+    first shape; CUDA: bfloat16, every shape: the 1.7B and 8B MLPs): within 1e-5 (CPU) / 1e-2
+    (bfloat16 output) of ``silu(x Wg^T) * (x Wu^T)`` in float32; a row's bits do not depend on
+    the rows beside it; an odd row count or an unknown tile mode raises ValueError. Returns how
+    many elements, over every shape, mode and row count, differ from the two-launch
+    ``silu_and_mul(gemv(x, w))``."""
     import pytest
 
     from mtpserve.kernels.fused_triton import silu_and_mul
@@ -65,13 +66,16 @@ def check_silu_mul(device: str, shapes=((48, 300), (6144, 2048), (12288, 4096)))
         x = torch.randn(MAX_ROWS, k, generator=g).to(device, dtype)
         prod = x.float() @ w.float().t()
         ref = torch.nn.functional.silu(prod[:, :inter]) * prod[:, inter:]
-        y = gemv_silu_mul(x, w)
-        assert y.shape == (MAX_ROWS, inter) and y.dtype == dtype
-        assert _rel(y, ref) < (1e-5 if device == "cpu" else 1e-2), (inter, k, _rel(y, ref))
-        for m in (1, 3):
-            out = gemv_silu_mul(x[:m], w)
-            assert torch.equal(out, y[:m]), (inter, k, m)
-            differ += int((out != silu_and_mul(gemv(x[:m], w))).sum())
+        for tiles in ("half", "full"):
+            y = gemv_silu_mul(x, w, tiles)
+            assert y.shape == (MAX_ROWS, inter) and y.dtype == dtype
+            assert _rel(y, ref) < (1e-5 if device == "cpu" else 1e-2), (inter, k, _rel(y, ref))
+            for m in (1, 3):
+                out = gemv_silu_mul(x[:m], w, tiles)
+                assert torch.equal(out, y[:m]), (inter, k, m, tiles)
+                differ += int((out != silu_and_mul(gemv(x[:m], w))).sum())
         with pytest.raises(ValueError, match="2I rows"):
             gemv_silu_mul(x, w[1:])
+        with pytest.raises(ValueError, match="tiles must be"):
+            gemv_silu_mul(x, w, "quarter")
     return differ

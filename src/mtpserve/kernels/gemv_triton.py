@@ -9,7 +9,7 @@ programs to keep HBM busy, so the reduction is split over ``SPLIT_K`` programs p
 summed by the last of them (kernels/arrival.py). Float32 accumulation; one rounding to the output
 dtype. :func:`gemv_silu_mul` is the gate/up product of a SwiGLU MLP with the activation in its
 epilogue, one launch where a product and ``silu_and_mul`` took two (off by default:
-``FUSE_SILU_MUL``).
+``SILU_MUL_FUSION``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from mtpserve.kernels.pdl import pdl_wait
 MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
-# on: SwiGLU MLPs take gemv_silu_mul. Off by default: on the H200 it made Qwen3-1.7B's batch-1
-# step slower, 1.712 against 1.539 ms with the product then silu_and_mul (BENCHMARKS.md, session
-# 15; its tiles are gemv's halved per half, untuned). gpu_decode.py --compare silu_mul_fusion
-FUSE_SILU_MUL = False
+# SwiGLU MLPs: None, the product then silu_and_mul; "half" / "full", gemv_silu_mul with half /
+# all of gemv's block_n rows from each half. None by default: "half" made Qwen3-1.7B's batch-1
+# step slower on the H200, 1.712 against 1.539 ms (BENCHMARKS.md, session 15); "full" is not
+# measured yet. gpu_decode.py --compare silu_mul_fusion silu_mul_fusion_full
+SILU_MUL_FUSION: str | None = None
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -184,26 +185,31 @@ def _gemv_silu_mul_kernel(x_ptr, w_ptr, y_ptr, M, I, sx, sw, sy, K: tl.constexpr
              mask=mmask[:, None] & nmask[None, :])
 
 
-def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, tiles: str = "half") -> torch.Tensor:
     """SwiGLU's first half in one launch: ``silu(x Wg^T) * (x Wu^T)`` for ``weight`` [2I, K]
     (the I gate rows, then the I up rows: ``MergedColumnParallelLinear``'s layout) and ``x``
     [M, K], ``M <= MAX_ROWS``, both bfloat16 or float16 (``use_gemv``). Returns [M, I] in x's
     dtype, bit-equal to ``silu_and_mul(gemv(x, weight))``: the epilogue rounds the gate and up
-    products to x's dtype before the activation, as the two-kernel path stores them. Same
-    tiles as :func:`gemv` over [2I, K] with half the rows per program from each half (no
-    split-K: these products are wide). Raises ``ValueError`` as :func:`gemv` does, or for an
-    odd number of weight rows."""
+    products to x's dtype before the activation, as the two-kernel path stores them. The
+    tiles of :func:`gemv` over [2I, K], a program taking ``tiles`` "half" (the same bytes per
+    program as gemv) or "full" (twice them) of gemv's ``block_n`` rows from each half (no
+    split-K: these products are wide). Raises ``ValueError`` as :func:`gemv` does, for an odd
+    number of weight rows, or for other ``tiles``."""
     M, (N, K) = x.shape[0], weight.shape
     if M > MAX_ROWS or weight.stride(-1) != 1 or x.shape[1] != K or N % 2:
         raise ValueError(f"gemv_silu_mul: x {tuple(x.shape)} (at most {MAX_ROWS} rows) and a "
                          f"weight {tuple(weight.shape)} contiguous along K with 2I rows")
+    if tiles not in ("half", "full"):
+        raise ValueError(f"gemv_silu_mul: tiles must be 'half' or 'full', got {tiles!r}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     cfg = tile_config(N, K)
-    block_n, inter = max(16, cfg["block_n"] // 2), N // 2
+    block_n = max(16, cfg["block_n"] // 2) if tiles == "half" else cfg["block_n"]
+    inter = N // 2
     y = torch.empty(M, inter, dtype=x.dtype, device=x.device)
     _gemv_silu_mul_kernel[(triton.cdiv(inter, block_n),)](
         x, weight, y, M, inter, x.stride(0), weight.stride(0), y.stride(0), K=K,
         PRECISION="ieee" if x.dtype == torch.float32 else None, BLOCK_N=block_n,
-        BLOCK_K=cfg["block_k"], ROWS=MAX_ROWS, STAGES=cfg["stages"], num_warps=cfg["num_warps"], **pdl.launch(x))
+        BLOCK_K=cfg["block_k"], ROWS=MAX_ROWS, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+        **pdl.launch(x))
     return y

@@ -89,13 +89,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def forward_silu_mul(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """``act(self(x))`` for a [gate | up] layer and ``act`` = SiluAndMul: [T, in] -> [T, I].
         Where the product takes the skinny Triton kernel (a few rows on CUDA, no bias) and
-        ``gemv_triton.FUSE_SILU_MUL`` is on (off by default: slower on the H200), the activation
-        runs in that kernel's epilogue (``gemv_silu_mul``: one launch, same bits)."""
+        ``gemv_triton.SILU_MUL_FUSION`` is set (None by default: slower on the H200), the
+        activation runs in that kernel's epilogue (``gemv_silu_mul``: one launch, same bits)."""
         if self.bias is None and len(self.output_sizes) == 2 and use_gemv(x, self.weight):
             from mtpserve.kernels import gemv_triton
 
-            if gemv_triton.FUSE_SILU_MUL:
-                return gemv_triton.gemv_silu_mul(x, self.weight)
+            if gemv_triton.SILU_MUL_FUSION:
+                return gemv_triton.gemv_silu_mul(x, self.weight, gemv_triton.SILU_MUL_FUSION)
         return act(self(x))
 
 
