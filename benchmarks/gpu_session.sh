@@ -23,7 +23,8 @@
 #   after the GPU tests of the MTP engine's async steps); process (the plain server with the
 #   engine loop in a thread and in its own process, in turns); next (process, then the rounds
 #   bench: session 15's first call); short (the GPU tests of the SwiGLU epilogue and the sort by
-#   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call).
+#   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call); s16 (the
+#   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -249,5 +250,21 @@ short)    # about 2.5 minutes, no model: the new kernels' GPU tests (SwiGLU epil
     | tee "$OUT/gpu_tests.log" | tail -3
   timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare silu_mul_fusion \
     --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -4
+  ;;
+s16)      # session 16's first call, no model needed, about 8 minutes: 1.7B decode with the SwiGLU
+  # epilogue (half and full tiles), the hybrid's eager prefill profile (the sort by expert in one
+  # kernel), then bench --compare --rounds 6 at 16 and 64 (the scouts' veto, 93263ea)
+  mkdir -p /tmp/res
+  timeout 130 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare silu_mul_fusion \
+    silu_mul_fusion_full --json /tmp/res/gpu_decode.json 2>&1 | grep -v "it/s" | tail -4
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --prefill 128 --out /tmp/res \
+    2>&1 | grep -v "it/s" | tail -3
+  tar czf "$OUT/res.tgz" -C /tmp res
+  hybrid_checkpoint
+  timeout 280 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --compare --rounds 6 \
+    --concurrency 16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
+    --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
+    --speculative-num-steps 3 2>&1 | tail -14
+  tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
