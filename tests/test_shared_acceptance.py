@@ -135,26 +135,6 @@ def test_no_scouts_when_the_prior_itself_is_priced_out():
     assert (p.shared.num_benched, p.shared.num_scouts, p.shared._until_scout) == (5, 0, 2)
 
 
-def test_no_scouts_at_a_load_where_the_gate_measured_drafting_losing():
-    """At 64 sequences the gate measured drafting slower than plain steps: priced-out starts
-    there are all benched and the countdown does not move (a scout would be observed and never
-    draft); back at batch 1, where nothing is measured, every 2nd start scouts again."""
-    from mtpserve.spec.load_gate import LoadGate
-
-    gate = LoadGate()
-    gate.record(64, True, 64, 1.0)      # drafting: 64 tok/s
-    gate.record(64, False, 64, 0.5)     # plain: 128 tok/s
-    assert gate.vetoed(64) and gate.vetoed(40) and not gate.vetoed(1)
-    p = DraftLengthPolicy(3, 0.27, prior=0.8, gate=gate, shared=SharedAcceptance(scout_every=2))
-    p.shared.trials = 1e6   # pooled acceptance ~0: every start is priced out
-    p.set_batch(64)
-    assert [p.benched(seq(f"a{i}")) for i in range(4)] == [True] * 4
-    assert (p.shared.num_benched, p.shared.num_scouts, p.shared._until_scout) == (4, 0, 2)
-    p.set_batch(1)
-    assert [p.benched(seq(f"b{i}")) for i in range(4)] == [True, False, True, False]
-    assert (p.shared.num_benched, p.shared.num_scouts) == (6, 2)
-
-
 def test_a_snapshot_restores_evidence_countdown_and_counters():
     s = SharedAcceptance(scout_every=4)
     s.record(3, 1)

@@ -125,12 +125,6 @@ class LoadGate:
             return b.probe
         return choice
 
-    def vetoed(self, num_seqs: int) -> bool:
-        """Whether ``num_seqs``'s bucket has measured drafting slower than plain steps (its
-        probes aside, ``allow`` says no there); changes nothing."""
-        spec, plain = self.rates(num_seqs)
-        return spec is not None and plain is not None and spec < plain
-
     def exploring(self, num_seqs: int) -> bool:
         """Whether the step ``allow`` just let draft with ``num_seqs`` sequences is there to
         measure drafting (the drafting arm not measured yet, or a probe of it): the policy then

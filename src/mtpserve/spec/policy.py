@@ -205,20 +205,10 @@ class DraftLengthPolicy:
         unless the request is a scout, which starts from ``prior``."""
         a, w = self.pooled(), self.prior_weight
         if self.shared is not None and self.priced_out(a):
-            if not self.shared.scout(can_draft=self._scout_could_draft()):
+            if not self.shared.scout(can_draft=not self.priced_out(self.prior)):
                 return _Estimate(a * w, w, benched=True)
             return _Estimate(self.prior * w, w, scout=True)
         return _Estimate(a * w, w)
-
-    def _scout_could_draft(self) -> bool:
-        """Whether a scout starting now could draft: the prior pays at the cost model's price,
-        and the gate has not measured drafting losing at the last step's batch size (at high
-        load a scout would only be observed, never verify a draft, so never end its bench:
-        session 15's rounds bench at 64 requests, BENCHMARKS.md)."""
-        if self.priced_out(self.prior):
-            return False
-        vetoed = getattr(self.gate, "vetoed", None)   # (a gate of one's own may lack it)
-        return vetoed is None or not vetoed(self.batch)
 
     def _update(self, seq: Sequence, m: int, j: int, idle: bool = False) -> None:
         e = self._seen(seq)

@@ -21,8 +21,7 @@ found drafts paying brings the interval back to ``scout_every`` (exponential bac
 load gate's probes: load_gate.py); one that never verified a draft (too short, aborted, or the
 gate vetoed every step) leaves the interval as it is. Each scout costs its batch a few
 synchronous drafting steps. When the configured prior is priced out too, nothing can draft and
-there are no scouts; nor while the load gate has measured drafting losing at the current batch
-size (a scout there would be observed by the MTP at every step and never draft).
+there are no scouts.
 """
 
 from __future__ import annotations
@@ -69,8 +68,7 @@ class SharedAcceptance:
     def scout(self, can_draft: bool = True) -> bool:
         """Count one priced-out start; True for every ``interval``-th (it drafts anyway),
         False for the others (benched). ``can_draft`` False (the configured prior is priced
-        out too, or the load gate vetoes drafting at this load, so a scout could not draft
-        either): benched, the countdown left as it is."""
+        out too, so a scout could not draft either): benched, the countdown left as it is."""
         if not can_draft:
             self.num_benched += 1
             return False
