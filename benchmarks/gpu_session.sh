@@ -253,7 +253,7 @@ short)    # about 2.5 minutes, no model: the new kernels' GPU tests (SwiGLU epil
   ;;
 s16)      # session 16's first call, no model needed, about 8 minutes: 1.7B decode with the SwiGLU
   # epilogue (half and full tiles), the hybrid's eager prefill profile (the sort by expert in one
-  # kernel), then bench --compare --rounds 6 at 16 and 64 (the scouts' veto, 93263ea)
+  # kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving ~5%)
   mkdir -p /tmp/res
   timeout 130 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare silu_mul_fusion \
     silu_mul_fusion_full --json /tmp/res/gpu_decode.json 2>&1 | grep -v "it/s" | tail -4
