@@ -50,7 +50,8 @@ def check_silu_mul(device: str, shapes=((48, 300), (6144, 2048), (12288, 4096)))
     """``gemv_silu_mul`` over [2I, K] gate/up weights, both tile modes (CPU: float32, the
     first shape; CUDA: bfloat16, every shape: the 1.7B and 8B MLPs): within 1e-5 (CPU) / 1e-2
     (bfloat16 output) of ``silu(x Wg^T) * (x Wu^T)`` in float32; a row's bits do not depend on
-    the rows beside it; an odd row count or an unknown tile mode raises ValueError. Returns how
+    the rows beside it; an odd row count or an unknown tile mode raises ValueError; a weight
+    whose gemv splits the reduction is not fusable (``fusable_silu_mul``). Returns how
     many elements, over every shape, mode and row count, differ from the two-launch
     ``silu_and_mul(gemv(x, w))``."""
     import pytest
@@ -78,4 +79,9 @@ def check_silu_mul(device: str, shapes=((48, 300), (6144, 2048), (12288, 4096)))
             gemv_silu_mul(x, w[1:])
         with pytest.raises(ValueError, match="tiles must be"):
             gemv_silu_mul(x, w, "quarter")
+    # where gemv splits the reduction (Qwen3-Next's shared expert shape, 2I = 1024, K = 2048),
+    # the fused path is not taken: its bits would differ (the partials add in another order)
+    from mtpserve.kernels.gemv_triton import fusable_silu_mul
+    assert not fusable_silu_mul(torch.empty(1024, 2048, device=device, dtype=dtype))
+    assert fusable_silu_mul(torch.empty(2 * 6144, 2048, device=device, dtype=dtype))
     return differ

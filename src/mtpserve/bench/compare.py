@@ -15,20 +15,23 @@ RATIO_FIELDS = (
 )
 
 
-# Student's t, two-sided 95%: the 0.975 quantile for 1..10 degrees of freedom (beyond: 2.0,
-# within 0.23 of the exact value from 11 on, rounding the interval a little wider)
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+# Student's t, two-sided 95%: the 0.975 quantile for 1..30 degrees of freedom; beyond 30 the
+# value at 30 (larger than the exact one, so the interval is a little wider, never narrower)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def ratio_interval(ratios: list[float]) -> tuple[float, float, float] | None:
     """The geometric mean of per-round on/off ratios and its 95% confidence interval
     ``(mean, low, high)``: a t interval on the log ratios (the rounds taken as independent
-    samples of one machine's noise). None for fewer than two ratios or a non-positive one."""
-    if len(ratios) < 2 or any(r is None or r <= 0 for r in ratios):
+    samples of one machine's noise). None for fewer than two ratios or one that is missing,
+    not positive or not finite."""
+    if len(ratios) < 2 or any(r is None or not 0 < r < math.inf for r in ratios):
         return None
     logs = [math.log(r) for r in ratios]
     n, mean = len(logs), statistics.fmean(logs)
-    t = _T975[n - 2] if n - 1 <= len(_T975) else 2.0
+    t = _T975[min(n - 1, len(_T975)) - 1]
     half = t * statistics.stdev(logs) / math.sqrt(n)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 

@@ -185,12 +185,21 @@ def _gemv_silu_mul_kernel(x_ptr, w_ptr, y_ptr, M, I, sx, sw, sy, K: tl.constexpr
              mask=mmask[:, None] & nmask[None, :])
 
 
+def fusable_silu_mul(weight: torch.Tensor) -> bool:
+    """Whether :func:`gemv_silu_mul` over this [2I, K] weight gives the bits of
+    ``silu_and_mul(gemv(x, weight))``: where :func:`gemv` does not split the reduction (it does
+    for 2I < 3072 and K >= 2048, e.g. Qwen3-Next's shared expert, [1024, 2048]: its partial
+    sums then add in another order)."""
+    return tile_config(*weight.shape)["split_k"] == 1
+
+
 def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, tiles: str = "half") -> torch.Tensor:
     """SwiGLU's first half in one launch: ``silu(x Wg^T) * (x Wu^T)`` for ``weight`` [2I, K]
     (the I gate rows, then the I up rows: ``MergedColumnParallelLinear``'s layout) and ``x``
     [M, K], ``M <= MAX_ROWS``, both bfloat16 or float16 (``use_gemv``). Returns [M, I] in x's
-    dtype, bit-equal to ``silu_and_mul(gemv(x, weight))``: the epilogue rounds the gate and up
-    products to x's dtype before the activation, as the two-kernel path stores them. The
+    dtype, bit-equal to ``silu_and_mul(gemv(x, weight))`` where :func:`fusable_silu_mul` (else
+    within float32 rounding of it): the epilogue rounds the gate and up products to x's dtype
+    before the activation, as the two-kernel path stores them. The
     tiles of :func:`gemv` over [2I, K], a program taking ``tiles`` "half" (the same bytes per
     program as gemv) or "full" (twice them) of gemv's ``block_n`` rows from each half (no
     split-K: these products are wide). Raises ``ValueError`` as :func:`gemv` does, for an odd

@@ -90,11 +90,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         """``act(self(x))`` for a [gate | up] layer and ``act`` = SiluAndMul: [T, in] -> [T, I].
         Where the product takes the skinny Triton kernel (a few rows on CUDA, no bias) and
         ``gemv_triton.SILU_MUL_FUSION`` is set (None by default: slower on the H200), the
-        activation runs in that kernel's epilogue (``gemv_silu_mul``: one launch, same bits)."""
+        activation runs in that kernel's epilogue where that gives the same bits
+        (``fusable_silu_mul``; ``gemv_silu_mul``: one launch)."""
         if self.bias is None and len(self.output_sizes) == 2 and use_gemv(x, self.weight):
             from mtpserve.kernels import gemv_triton
 
-            if gemv_triton.SILU_MUL_FUSION:
+            if gemv_triton.SILU_MUL_FUSION and gemv_triton.fusable_silu_mul(self.weight):
                 return gemv_triton.gemv_silu_mul(x, self.weight, gemv_triton.SILU_MUL_FUSION)
         return act(self(x))
 
