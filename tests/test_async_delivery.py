@@ -134,3 +134,35 @@ def test_deltas_queued_behind_a_busy_consumer_come_merged():
     assert len(rest) == 1
     assert rest[0].new_token_ids == [101, 102, 103, 104] and rest[0].new_text == "t2t3t4t5"
     assert rest[0].finished and rest[0].num_output_tokens == 5
+
+
+def test_the_engine_loop_is_profiled_when_asked(monkeypatch, tmp_path):
+    """MTPSERVE_ENGINE_PROFILE=PATH (engine/loop_profile.py): the loop's cProfile in
+    PATH.<pid>.prof and its table, after the step count (3: one request of 3 tokens), in
+    PATH.<pid>.txt once the engine stops; unset, no file."""
+    import os
+    import pstats
+
+    from mtpserve.engine.loop_profile import ENV
+
+    async def one(eng):
+        return [o async for o in eng.generate("r", [1, 2], SamplingParams())]
+
+    eng = _started(3)
+    try:
+        asyncio.run(one(eng))
+    finally:
+        eng.shutdown()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv(ENV, str(tmp_path / "loop"))
+    eng = _started(3)
+    try:
+        got = asyncio.run(one(eng))
+    finally:
+        eng.shutdown()
+    assert [t for o in got for t in o.new_token_ids] == [100, 101, 102]
+    base = tmp_path / f"loop.{os.getpid()}"
+    text = (base.with_name(base.name + ".txt")).read_text()
+    assert text.startswith("engine steps: 3\n")
+    stats = pstats.Stats(str(base.with_name(base.name + ".prof"))).stats
+    assert [n for (_, _, n), v in stats.items() if n == "step" and v[1] == 3] == ["step"]

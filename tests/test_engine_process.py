@@ -189,3 +189,22 @@ def test_a_request_submitted_after_the_engine_died_ends_with_its_error():
     assert (out.request_id, out.finished, out.finish_reason, out.error) == \
         ("r1", True, "abort", "RuntimeError: boom")
     assert sinks == {}
+
+
+def test_the_engine_process_loop_is_profiled_when_asked(monkeypatch, tmp_path):
+    """MTPSERVE_ENGINE_PROFILE reaches the spawned engine process: after a stop, its loop's
+    profile is in PATH.<child pid>.txt with the steps it ran (5: one prefill, then four decode
+    steps for 5 tokens; the warm-up request runs before the loop)."""
+    from mtpserve.engine.loop_profile import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path / "core"))
+    with _server() as srv:
+        assert wait_ready(srv.url, 300, interval_s=0.1, out=io.StringIO()) == EXIT_READY
+        pid = srv.engine._proc.pid
+        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": PROMPTS[0], "max_tokens": 5, "ignore_eos": True})
+        assert r.json()["usage"]["completion_tokens"] == 5
+    assert not srv.engine._proc.is_alive()
+    text = (tmp_path / f"core.{pid}.txt").read_text()
+    assert text.startswith("engine steps: 5\n") and "engine.py" in text
+    assert (tmp_path / f"core.{pid}.prof").stat().st_size > 0

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+from mtpserve.engine.loop_profile import profiled_loop
 from mtpserve.outputs import RequestOutput
 from mtpserve.sampling_params import SamplingParams
 
@@ -146,14 +147,16 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         eng = self.engine
-        while not self._stop.is_set():
-            block = not eng.has_unfinished_requests()
-            self._drain_inbox(block=block)
-            if self._stop.is_set():
-                break
-            if not eng.has_unfinished_requests():
-                continue
-            self._deliver(eng.step())
+        with profiled_loop() as count:   # (MTPSERVE_ENGINE_PROFILE: engine/loop_profile.py)
+            while not self._stop.is_set():
+                block = not eng.has_unfinished_requests()
+                self._drain_inbox(block=block)
+                if self._stop.is_set():
+                    break
+                if not eng.has_unfinished_requests():
+                    continue
+                self._deliver(eng.step())
+                count.n += 1
 
     def _deliver(self, outs: list[RequestOutput]) -> None:
         """One step's deltas to their requests' queues: one ``call_soon_threadsafe`` per event

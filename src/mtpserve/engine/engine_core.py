@@ -65,21 +65,26 @@ def run_engine_core(conn, config, warmup: bool, log_level: int) -> None:
 
 def _serve(conn, eng) -> None:
     """Requests in, one step's deltas out, until ``("stop",)``. Messages that leave nothing to
-    run (an abort of the last request) still send the counters after them."""
-    while True:
-        idle = not eng.has_unfinished_requests()
-        if idle and not conn.poll(0.5):
-            continue
-        while conn.poll(0):
-            msg = conn.recv()
-            if msg[0] == "stop":
-                return
-            _handle(eng, conn, msg)
-        if eng.has_unfinished_requests():
-            outs = eng.step()
-            conn.send(("out", outs, eng.stats()))
-        else:
-            conn.send(("out", [], eng.stats()))
+    run (an abort of the last request) still send the counters after them. Profiled under
+    ``MTPSERVE_ENGINE_PROFILE`` (engine/loop_profile.py)."""
+    from mtpserve.engine.loop_profile import profiled_loop
+
+    with profiled_loop() as count:
+        while True:
+            idle = not eng.has_unfinished_requests()
+            if idle and not conn.poll(0.5):
+                continue
+            while conn.poll(0):
+                msg = conn.recv()
+                if msg[0] == "stop":
+                    return
+                _handle(eng, conn, msg)
+            if eng.has_unfinished_requests():
+                outs = eng.step()
+                count.n += 1
+                conn.send(("out", outs, eng.stats()))
+            else:
+                conn.send(("out", [], eng.stats()))
 
 
 def _handle(eng, conn, msg: tuple) -> None:
