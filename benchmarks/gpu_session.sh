@@ -24,7 +24,8 @@
 #   engine loop in a thread and in its own process, in turns); next (process, then the rounds
 #   bench: session 15's first call); short (the GPU tests of the SwiGLU epilogue and the sort by
 #   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call); s16 (the
-#   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds).
+#   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds);
+#   procprof (the engine loop profiled in a thread and in its own process, 16 streams).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -265,6 +266,21 @@ s16)      # session 16's first call, no model needed, about 8 minutes: 1.7B deco
     --concurrency 16,64 --num-prompts 64 --endpoint completions --output-len 128 --no-progress \
     --output-dir /tmp/res/bench -- --dtype bfloat16 --speculative-algorithm nextn \
     --speculative-num-steps 3 2>&1 | tail -14
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+procprof) # no model needed, about 3 minutes: the plain hybrid server at 16 streams with its engine
+  # loop in a thread and in its own process, each loop under cProfile (MTPSERVE_ENGINE_PROFILE):
+  # where the engine process's extra ~0.25 ms per step goes (session 15)
+  mkdir -p /tmp/res
+  hybrid_checkpoint
+  for mode in thread process; do
+    flag=""
+    [ "$mode" = process ] && flag="--engine-process"
+    MTPSERVE_ENGINE_PROFILE=/tmp/res/loop-$mode timeout 110 python3 -m mtpserve bench \
+      --model /tmp/ckpt-hybrid --concurrency 16 --num-prompts 64 --endpoint completions \
+      --output-len 128 --no-progress --output-dir "/tmp/res/$mode" -- --dtype bfloat16 $flag \
+      2>&1 | grep -E "^ +16 "
+  done
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
 esac
