@@ -1,0 +1,178 @@
+"""The draft-length policy, load gate and pooled acceptance under a made-up load, without a model.
+
+Drives ``DraftLengthPolicy`` + ``LoadGate`` + ``SharedAcceptance`` (spec/) through phases of
+steps the way the engine calls them: ``set_batch`` / ``allow_drafts`` per step, a new request
+first seen after its prefill step (as the MTP observes it), ``num_drafts`` and ``record`` per
+verify, ``record_step`` per all-decode step, ``forget`` when a request ends. Each draft is
+accepted with the phase's probability; step times come from a linear model (plain step
+``--plain-ms`` + ``--per-seq-ms`` per sequence; a drafting step that much times 1 + 0.1 per draft,
+plus ``--draft-overhead-ms``, plus ``--switch-ms`` after a plain step), not from a GPU. Made to
+try rules for scouts and the gate's probes on the CPU before spending device time on them
+(session 15: a rule that stopped scouts where the gate vetoes turned out to switch speculation
+off for good; a fresh review found it with the first version of this script).
+
+    python benchmarks/cpu_policy_sim.py --phases 1:0.9:2000 64:0:3000 1:0:3000 1:0.9:20000
+
+Each phase is ``LOAD:ACCEPT:STEPS`` (running requests, per-draft acceptance, engine steps).
+Prints, per phase: steps, drafting steps, requests started (normal / scout / benched), scout
+steps (a scout decoding in a step: the MTP observes it), the pooled acceptance, the gate's
+measured tokens/s at batch 1 (drafting, plain) and the scout interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, field
+
+from mtpserve.engine.sequence import Sequence
+from mtpserve.sampling_params import SamplingParams
+from mtpserve.spec.load_gate import LoadGate
+from mtpserve.spec.policy import DraftLengthPolicy
+from mtpserve.spec.shared_acceptance import SharedAcceptance
+
+
+@dataclass
+class Phase:
+    """``load`` running requests, each draft accepted with probability ``accept``, ``steps``."""
+
+    load: int
+    accept: float
+    steps: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Phase":
+        load, accept, steps = text.split(":")
+        return cls(int(load), float(accept), int(steps))
+
+
+@dataclass
+class Counts:
+    steps: int = 0
+    draft_steps: int = 0
+    normal: int = 0
+    scouts: int = 0
+    benched: int = 0
+    scout_steps: int = 0
+
+
+@dataclass
+class Sim:
+    """The policy under simulation and the requests in flight (``out``: tokens emitted)."""
+
+    policy: DraftLengthPolicy
+    args: argparse.Namespace
+    rng: random.Random
+    running: list = field(default_factory=list)
+    out: dict = field(default_factory=dict)
+    made: int = 0
+    prev_drafted: bool = False
+
+    def new_request(self) -> Sequence:
+        self.made += 1
+        seq = Sequence(f"r{self.made}", [1, 2, 3], SamplingParams(), (), 1 << 20, None, None)
+        self.out[seq.request_id] = 1   # its prefill step sampled the first token
+        return seq
+
+    def seconds(self, batch: int, drafts: int, drafted: bool) -> float:
+        a = self.args
+        plain = (a.plain_ms + a.per_seq_ms * batch) / 1e3
+        if not drafted:
+            return plain
+        switch = 0.0 if self.prev_drafted else a.switch_ms / 1e3
+        return plain * (1 + 0.1 * drafts) + a.draft_overhead_ms / 1e3 + switch
+
+    def drafts(self, decoding: list[Sequence]) -> dict[str, int]:
+        """Drafts per request this step, as ``Proposer.propose`` decides them."""
+        pol, k, length = self.policy, self.args.k, self.args.output_len
+        if not pol.allow_drafts():
+            return {}
+        out = {}
+        for seq in pol.unbenched(decoding):
+            m = min(k, length - self.out[seq.request_id] - 1)
+            m = min(m, pol.num_drafts(seq)) if m > 0 else 0
+            if m:
+                out[seq.request_id] = m
+        return out
+
+    def step(self, phase: Phase, counts: Counts) -> None:
+        pol, est = self.policy, self.policy._est
+        prefill = [self.new_request() for _ in range(phase.load - len(self.running))]
+        decoding = list(self.running)
+        pol.set_batch(len(decoding))
+        drafts = self.drafts(decoding)
+        emitted = 0
+        for seq in decoding:
+            m = drafts.get(seq.request_id, 0)
+            j = 0
+            while j < m and self.rng.random() < phase.accept:
+                j += 1
+            if m:
+                pol.record(seq, m, j)
+            self.out[seq.request_id] += 1 + j
+            emitted += 1 + j
+        drafted = bool(drafts)
+        if decoding and not prefill:
+            secs = self.seconds(len(decoding), max(drafts.values(), default=0), drafted)
+            pol.record_step(len(decoding), drafted, emitted, secs,
+                            switch=drafted and not self.prev_drafted)
+        if decoding:
+            self.prev_drafted = drafted
+        counts.steps += 1
+        counts.draft_steps += drafted
+        counts.scout_steps += sum(1 for s in decoding
+                                  if (e := est.get(s.request_id)) is not None and e.scout)
+        for seq in prefill:   # first sight after the prefill step starts its estimate
+            pol.benched(seq)
+            e = est[seq.request_id]
+            kind = "benched" if e.benched else "scouts" if e.scout else "normal"
+            setattr(counts, kind, getattr(counts, kind) + 1)
+        self.running += prefill
+        for seq in [s for s in self.running if self.out[s.request_id] >= self.args.output_len]:
+            pol.forget(seq)
+            self.running.remove(seq)
+            del self.out[seq.request_id]
+
+
+def build(args: argparse.Namespace) -> DraftLengthPolicy:
+    """The MTP's policy: its cost per draft, prior and pool (spec/__init__.py's defaults are
+    not imported: the flags say them, so a run records what it assumed)."""
+    return DraftLengthPolicy(args.k, args.cost_per_draft, prior=args.prior, gate=LoadGate(),
+                             shared=SharedAcceptance())
+
+
+def report(i: int, phase: Phase, c: Counts, pol: DraftLengthPolicy) -> str:
+    spec, plain = pol.gate.rates(1)
+    rates = tuple(None if r is None else round(r) for r in (spec, plain))
+    return (f"phase {i} load {phase.load} accept {phase.accept}: steps {c.steps}, drafting "
+            f"{c.draft_steps}; started normal {c.normal} / scout {c.scouts} / benched "
+            f"{c.benched}; scout steps {c.scout_steps}; pooled {pol.pooled():.3f}; gate tok/s at 1 "
+            f"(drafting, plain) {rates}; scout interval {pol.shared.interval}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--phases", nargs="+", type=Phase.parse, required=True,
+                    metavar="LOAD:ACCEPT:STEPS")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--cost-per-draft", type=float, default=0.03 + 2.0 / 28,
+                    help="the policy's model price per draft, in plain steps (default: an MTP "
+                         "layer on a 28-layer model)")
+    ap.add_argument("--prior", type=float, default=0.8)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--plain-ms", type=float, default=1.26)
+    ap.add_argument("--per-seq-ms", type=float, default=0.05)
+    ap.add_argument("--draft-overhead-ms", type=float, default=0.5)
+    ap.add_argument("--switch-ms", type=float, default=2.8)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    sim = Sim(build(args), args, random.Random(args.seed))
+    for i, phase in enumerate(args.phases):
+        counts = Counts()
+        for _ in range(phase.steps):
+            sim.step(phase, counts)
+        print(report(i, phase, counts, sim.policy))
+
+
+if __name__ == "__main__":
+    main()
