@@ -85,7 +85,7 @@ class Sim:
     def drafts(self, decoding: list[Sequence]) -> dict[str, int]:
         """Drafts per request this step, as ``Proposer.propose`` decides them."""
         pol, k, length = self.policy, self.args.k, self.args.output_len
-        if not pol.allow_drafts():
+        if not decoding or not pol.allow_drafts():   # as LLMEngine.step: no gate without decoding
             return {}
         out = {}
         for seq in pol.unbenched(decoding):

@@ -304,3 +304,36 @@ def test_gate_files_a_drained_plain_step_under_its_own_batch_size(smollm2_llm):
     finally:
         eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
     assert gate.sized[0][:2] == (2, False), gate.sized
+
+
+def test_a_step_of_prefills_alone_does_not_consult_the_gate(smollm2_llm):
+    """A step whose running sequences are all in prefill cannot draft, so the load gate is not
+    asked: a due probe spent there would be lost, and with request lengths a multiple of the
+    probe interval every later probe too (session 15, benchmarks/cpu_policy_sim.py). One
+    request of 6 tokens, the gate never letting it draft: a prefill step, then 5 decode steps,
+    each asking the gate once with its 1 sequence."""
+    from mtpserve.config import SpeculativeConfig
+    from mtpserve.spec import build_proposer
+    from mtpserve.spec.metrics import SpecMetrics
+
+    class SizedGate(ScriptedGate):
+        def allow(self, num_seqs):
+            self.asked = getattr(self, "asked", []) + [num_seqs]
+            return super().allow(num_seqs)
+
+    llm = smollm2_llm
+    eng = llm.engine
+    gate = SizedGate([False])
+    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    eng.proposer.policy.gate = gate
+    eng.spec_metrics = SpecMetrics(3)
+    try:
+        eng.add_request("r", chat_ids(llm.tokenizer, "Say hello."),
+                        SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        steps = 0
+        while eng.has_unfinished_requests():
+            eng.step()
+            steps += 1
+    finally:
+        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+    assert steps == 6 and gate.asked == [1] * 5

@@ -141,8 +141,10 @@ class LLMEngine:
         t0 = time.perf_counter()
         allowed = None        # the draft-length policy's say on this step, asked once
         decoding = [s for s in self.scheduler.running if not s.in_prefill]
-        if self.proposer is not None:
-            allowed = self.proposer.allow_drafts(len(decoding))
+        if self.proposer is not None:   # (a step of prefills alone could not draft: it would
+            # spend a due probe of the load gate for nothing, and with request lengths that are
+            # a multiple of the probe interval every probe after it too)
+            allowed = self.proposer.allow_drafts(len(decoding)) if decoding else False
         if self._can_overlap(decoding, allowed):
             return self._overlapped_step(t0, decoding, allowed)
         # drain: this step needs every token on the host
