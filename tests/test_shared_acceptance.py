@@ -135,6 +135,47 @@ def test_no_scouts_when_the_prior_itself_is_priced_out():
     assert (p.shared.num_benched, p.shared.num_scouts, p.shared._until_scout) == (5, 0, 2)
 
 
+class _Veto:
+    """A load gate that has measured drafting losing: it never lets a step draft."""
+
+    def allow(self, num_seqs):
+        return False
+
+    def exploring(self, num_seqs):
+        return False
+
+
+def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
+    """Pool priced out, the gate vetoing: a scout that has verified no draft yet still drafts
+    (3, priced by the model at the prior 0.8), the benched request and a request that started
+    before the pool fell do not; once the scout has verified drafts the gate's veto holds for
+    everyone; a scout forgotten before any verify closes too (else nothing would ever drain
+    the count). Without this, nothing drafts once the pool is priced out and the gate vetoes,
+    so neither ever hears that drafts pay again (session 15's review)."""
+    p = DraftLengthPolicy(3, 0.27, prior=0.8, gate=_Veto(), shared=SharedAcceptance(scout_every=2))
+    early = seq("early")                  # started while the pool was at the prior
+    assert not p.benched(early)
+    p.shared.trials = 1e6                 # pooled acceptance ~0: starts are priced out
+    bench, scout = seq("bench"), seq("scout")
+    assert (p.benched(bench), p.benched(scout), p._est["scout"].scout) == (True, False, True)
+    p.set_batch(3)
+    assert p.allow_drafts()
+    assert [p.num_drafts(s) for s in (early, bench, scout)] == [0, 0, 3]
+    assert [p.would_draft(s) for s in (early, bench, scout)] == [0, 0, 3]
+    p.record(scout, 3, 0)                 # its first verify: evidence, so it is no longer open
+    p.set_batch(3)
+    assert not p.allow_drafts() and p._open_scouts == 0
+    p.forget(scout)                       # its evidence priced out: the interval doubles
+    assert p.shared.interval == 4
+    later = [seq(f"n{i}") for i in range(4)]   # the countdown stretched to the interval of 4
+    assert [p.benched(s) for s in later] == [True, True, True, False]
+    assert p._est["n3"].scout and p._open_scouts == 1
+    p.forget(later[3])                    # gone before any verify: the count drains
+    assert p._open_scouts == 0 and p.shared.interval == 4   # and no evidence: no change
+    p.set_batch(2)
+    assert not p.allow_drafts()
+
+
 def test_a_snapshot_restores_evidence_countdown_and_counters():
     s = SharedAcceptance(scout_every=4)
     s.record(3, 1)

@@ -17,7 +17,8 @@ maximum-likelihood count for a truncated geometric). Before any evidence the est
 the acceptance pooled over earlier requests (shared_acceptance.py; ``prior`` while there is
 none); while a request does not draft, its estimate slowly returns there, so that it tries again
 later. A request that starts priced out (no m pays at the cost model's price) is benched for
-good, unless it is that module's scout.
+good, unless it is that module's scout, which drafts until its first verify even on steps the
+load gate vetoes (no other request drafts on those).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class DraftLengthPolicy:
         self.batch = 1
         self._costs: list[float] | None = None   # this step's C(m), m = 0..k
         self._exploring = False   # this step measures drafting: priced by the model
+        self._scouts_only = False   # the gate vetoed this step: only open scouts draft
+        self._open_scouts = 0       # scouts that have verified no draft yet
         self._est: dict[str, _Estimate] = {}
 
     def set_batch(self, num_seqs: int) -> None:
@@ -77,21 +80,27 @@ class DraftLengthPolicy:
         sequences (per sequence they cost ~2k graph-table look-ups: 2-3 ms of host time per step
         at 64 requests on the H200, which made n-gram speculation 0.6x there without a draft)."""
         self.batch = max(1, num_seqs)
-        self._costs, self._exploring = None, False
+        self._costs, self._exploring, self._scouts_only = None, False, False
 
     def allow_drafts(self) -> bool:
         """Whether this step (``set_batch`` sequences) may draft at all (the gate's say). On
         a step the gate lets draft to measure drafting (``LoadGate.exploring``), drafts are
         priced by the model (``cost_per_draft``), not by the measured step times: a measured
         price that went stale (a slow first step) would else keep every request from drafting,
-        hence from being measured again."""
+        hence from being measured again. Where the gate vetoes, a scout that has verified no
+        draft yet drafts anyway, priced by the model, and no other request does: a scout is the
+        pool's only way to hear that drafts pay again, and once the pool is priced out and the
+        gate vetoes, nothing else drafts, so neither would ever hear it (a fresh review's
+        finding, session 15: benchmarks/cpu_policy_sim.py)."""
         if self.gate is None:
             return True
         allowed = self.gate.allow(self.batch)
         exploring = getattr(self.gate, "exploring", None)   # (a gate of one's own may lack it)
         self._exploring = allowed and exploring is not None and exploring(self.batch)
+        self._scouts_only = not allowed and self._open_scouts > 0
+        self._exploring = self._exploring or self._scouts_only
         self._costs = None
-        return allowed
+        return allowed or self._scouts_only
 
     def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float,
                     switch: bool = False) -> None:
@@ -130,9 +139,15 @@ class DraftLengthPolicy:
         est = self._est
         return [s for s in seqs if not (est.get(s.request_id) or self._seen(s)).benched]
 
+    def _sits_out(self, seq: Sequence) -> bool:
+        """``seq`` drafts nothing this step whatever its acceptance: benched, or not an open
+        scout on a step only those may draft (:meth:`allow_drafts`)."""
+        e = self._seen(seq)
+        return e.benched or (self._scouts_only and not (e.scout and e.tries == 0))
+
     def num_drafts(self, seq: Sequence) -> int:
         """Best m in 0..k for this request now."""
-        if self.benched(seq):
+        if self._sits_out(seq):
             return 0
         best = self._best(self.acceptance(seq))
         if best == 0:  # not drafting: drift back towards the pooled acceptance, to try again
@@ -142,7 +157,7 @@ class DraftLengthPolicy:
     def would_draft(self, seq: Sequence) -> int:
         """What :meth:`num_drafts` answers for ``seq`` now, without its side effect (the drift
         towards the pooled acceptance of a request that does not draft)."""
-        return 0 if self.benched(seq) else self._best(self.acceptance(seq))
+        return 0 if self._sits_out(seq) else self._best(self.acceptance(seq))
 
     def num_drafts_after(self, seq: Sequence, num_drafts: int, num_accepted: int) -> int:
         """What :meth:`num_drafts` will answer for ``seq`` once a verify step of ``num_drafts``
@@ -179,6 +194,8 @@ class DraftLengthPolicy:
         e = self._est.pop(seq.request_id, None)
         if e is not None and e.scout and e.tries > 0:   # its own evidence decides
             self.shared.scout_done(not self.priced_out(e.hits / e.tries))
+        elif e is not None and e.scout:
+            self._open_scouts -= 1
 
     def pooled(self) -> float:
         """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
@@ -207,6 +224,7 @@ class DraftLengthPolicy:
         if self.shared is not None and self.priced_out(a):
             if not self.shared.scout(can_draft=not self.priced_out(self.prior)):
                 return _Estimate(a * w, w, benched=True)
+            self._open_scouts += 1
             return _Estimate(self.prior * w, w, scout=True)
         return _Estimate(a * w, w)
 
@@ -216,6 +234,8 @@ class DraftLengthPolicy:
             w = 1 - self.decay ** 0.25
             e.successes += w * (self.pooled() * e.trials - e.successes)
             return
+        if e.scout and e.tries == 0:
+            self._open_scouts -= 1   # its first verify: it has evidence now
         self._est[seq.request_id] = _updated(e, m, j, self.decay)
 
 

@@ -18,9 +18,11 @@ instead, from the configured prior, so that the pooled estimate keeps learning a
 comes back when the drafts get better. A scout whose own evidence ends priced out confirms the
 bench, and the next one comes twice as many starts later, up to ``max_scout_every``; one that
 found drafts paying brings the interval back to ``scout_every`` (exponential backoff, as the
-load gate's probes: load_gate.py); one that never verified a draft (too short, aborted, or the
-gate vetoed every step) leaves the interval as it is. Each scout costs its batch a few
-synchronous drafting steps. When the configured prior is priced out too, nothing can draft and
+load gate's probes: load_gate.py); one that never verified a draft (too short or aborted) leaves
+the interval as it is. A scout drafts even on steps the load gate vetoes, until its first
+verify (policy.py ``allow_drafts``): else, once the pool is priced out and the gate vetoes,
+nothing would draft and neither would ever hear that drafts pay again. Each scout costs its
+batch a few synchronous drafting steps. When the configured prior is priced out too, nothing can draft and
 there are no scouts.
 """
 
