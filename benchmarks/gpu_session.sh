@@ -25,7 +25,8 @@
 #   bench: session 15's first call); short (the GPU tests of the SwiGLU epilogue and the sort by
 #   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call); s16 (the
 #   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds);
-#   procprof (the engine loop profiled in a thread and in its own process, 16 streams).
+#   procprof (the engine loop profiled in a thread and in its own process, 16 streams);
+#   adaptive (the adaptive MTP engine at batch 1 by forced acceptance).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -282,5 +283,10 @@ procprof) # no model needed, about 3 minutes: the plain hybrid server at 16 stre
       2>&1 | grep -E "^ +16 "
   done
   tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
+adaptive) # no model needed, about 2 minutes: the adaptive MTP engine at batch 1, forced
+  # acceptance 0..3 of 3 (after 67ae338: the gate no longer spends its probes on prefill steps)
+  timeout 150 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
+    | grep -v "it/s" | tee "$OUT/adaptive.log" | grep -v policy
   ;;
 esac
