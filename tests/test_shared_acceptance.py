@@ -138,11 +138,17 @@ def test_no_scouts_when_the_prior_itself_is_priced_out():
 class _Veto:
     """A load gate that has measured drafting losing: it never lets a step draft."""
 
+    def __init__(self):
+        self.records = []
+
     def allow(self, num_seqs):
         return False
 
     def exploring(self, num_seqs):
         return False
+
+    def record(self, num_seqs, drafted, tokens, seconds, switch=False):
+        self.records.append((num_seqs, drafted))
 
 
 def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
@@ -150,8 +156,9 @@ def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
     (3, priced by the model at the prior 0.8), the benched request and a request that started
     before the pool fell do not; once the scout has verified drafts the gate's veto holds for
     everyone; a scout forgotten before any verify closes too (else nothing would ever drain
-    the count). Without this, nothing drafts once the pool is priced out and the gate vetoes,
-    so neither ever hears that drafts pay again (session 15's review)."""
+    the count); the scout's own drafting step does not reach the gate. Without this, nothing
+    drafts once the pool is priced out and the gate vetoes, so neither ever hears that drafts
+    pay again (session 15's review)."""
     p = DraftLengthPolicy(3, 0.27, prior=0.8, gate=_Veto(), shared=SharedAcceptance(scout_every=2))
     early = seq("early")                  # started while the pool was at the prior
     assert not p.benched(early)
@@ -162,6 +169,9 @@ def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
     assert p.allow_drafts()
     assert [p.num_drafts(s) for s in (early, bench, scout)] == [0, 0, 3]
     assert [p.would_draft(s) for s in (early, bench, scout)] == [0, 0, 3]
+    p.record_step(3, False, 3, 0.01)      # a plain step read back now still reaches the gate,
+    p.record_step(3, True, 3, 0.02)       # this drafting step of the scout alone does not
+    assert p.gate.records == [(3, False)]
     p.record(scout, 3, 0)                 # its first verify: evidence, so it is no longer open
     p.set_batch(3)
     assert not p.allow_drafts() and p._open_scouts == 0

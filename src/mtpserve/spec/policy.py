@@ -107,8 +107,12 @@ class DraftLengthPolicy:
         """The outcome of a decode step of ``num_seqs`` sequences (see ``LoadGate.record``;
         ``switch``: it drafted right after a step that did not). The step's own size, not the
         last ``set_batch``: under async scheduling a plain step is read back while a later
-        step, of another size, is already decided."""
-        if self.gate is not None:
+        step, of another size, is already decided. A drafting step on which only open scouts
+        drafted (the gate had vetoed it: :meth:`allow_drafts`) is not the gate's to learn from:
+        one row of 64 drafting says nothing of the whole batch drafting (a fresh review found two
+        such steps turning a 4.5x loss into a win). Drafting steps are recorded in the step that
+        ran them (synchronous), so this step's ``_scouts_only`` is theirs."""
+        if self.gate is not None and not (drafted and self._scouts_only):
             self.gate.record(max(1, num_seqs), drafted, tokens, seconds, switch=switch)
 
     def _relative_cost(self, m: int) -> float:
