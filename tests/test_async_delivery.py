@@ -166,3 +166,32 @@ def test_the_engine_loop_is_profiled_when_asked(monkeypatch, tmp_path):
     assert text.startswith("engine steps: 3\n")
     stats = pstats.Stats(str(base.with_name(base.name + ".prof"))).stats
     assert [n for (_, _, n), v in stats.items() if n == "step" and v[1] == 3] == ["step"]
+
+
+def test_an_abort_reaches_the_engine_before_the_stream_ends():
+    """abort_all: the engine drops each request before its stream is ended, so a client that
+    sees its stream end also sees it gone from the engine's gauges (the other order raced
+    test_server_api's num_running check on a busy CPU, session 15)."""
+    gate = threading.Event()
+    eng = _started(50, gate)
+    order = []
+    inner = eng.engine
+    abort, end = inner.abort_request, eng._end_sinks
+    inner.abort_request = lambda rid: (order.append(("engine", rid)), abort(rid))[1]
+    eng._end_sinks = lambda rid: (order.append(("stream", rid)), end(rid))[1]
+
+    async def go():
+        stream = eng.generate("r", [1, 2], SamplingParams())
+        first = await stream.__anext__()
+        eng.abort_all()
+        gate.set()
+        return first, [o async for o in stream]
+
+    try:
+        first, rest = asyncio.run(go())
+    finally:
+        eng.shutdown()
+    assert first.new_token_ids == [100]
+    assert rest[-1].finished and rest[-1].finish_reason == "abort"
+    assert order == [("engine", "r"), ("stream", None)]
+    assert "r" not in inner.count

@@ -193,9 +193,11 @@ class AsyncEngine:
             except ValueError as e:  # validated earlier; keep the loop alive regardless
                 self._sinks.pop(msg.request_id, None)
                 msg.sink(RequestOutput.aborted(msg.request_id, str(e)))
-        else:
-            for rid in self._end_sinks(msg.request_id):
+        else:   # the engine lets go first, so a client that sees its stream end sees it gone
+            # from the gauges too (ending the streams first raced a test reading num_running)
+            for rid in list(self._sinks) if msg.request_id is None else [msg.request_id]:
                 eng.abort_request(rid)
+            self._end_sinks(msg.request_id)
 
     def _end_sinks(self, request_id: str | None) -> list[str]:
         """End the streams of ``request_id`` (None: every request in flight) with
