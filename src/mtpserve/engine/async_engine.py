@@ -195,19 +195,21 @@ class AsyncEngine:
                 msg.sink(RequestOutput.aborted(msg.request_id, str(e)))
         else:   # the engine lets go first, so a client that sees its stream end sees it gone
             # from the gauges too (ending the streams first raced a test reading num_running)
-            for rid in list(self._sinks) if msg.request_id is None else [msg.request_id]:
+            for rid in self._in_flight(msg.request_id):
                 eng.abort_request(rid)
             self._end_sinks(msg.request_id)
 
-    def _end_sinks(self, request_id: str | None) -> list[str]:
+    def _in_flight(self, request_id: str | None) -> list[str]:
+        """``[request_id]``, or for None the ids of every request in flight."""
+        return list(self._sinks) if request_id is None else [request_id]
+
+    def _end_sinks(self, request_id: str | None) -> None:
         """End the streams of ``request_id`` (None: every request in flight) with
-        ``finish_reason="abort"``, their sinks dropped; returns the ids."""
-        ids = list(self._sinks) if request_id is None else [request_id]
-        for rid in ids:
+        ``finish_reason="abort"``, their sinks dropped."""
+        for rid in self._in_flight(request_id):
             sink = self._sinks.pop(rid, None)
             if sink is not None:
                 sink(RequestOutput.aborted(rid))
-        return ids
 
     def _fail_all(self, reason: str) -> None:
         for rid, sink in list(self._sinks.items()):

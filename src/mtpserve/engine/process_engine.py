@@ -166,9 +166,9 @@ class ProcessEngine(AsyncEngine):
         with self._sinks_lock:
             super()._deliver(outs)
 
-    def _end_sinks(self, request_id: str | None) -> list[str]:
+    def _end_sinks(self, request_id: str | None) -> None:
         with self._sinks_lock:
-            return super()._end_sinks(request_id)
+            super()._end_sinks(request_id)
 
     def _fail_all(self, reason: str) -> None:
         with self._sinks_lock:

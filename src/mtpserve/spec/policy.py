@@ -39,6 +39,11 @@ class _Estimate:
     hits: int = 0           # its own evidence, undecayed and without the prior: successes
     tries: int = 0          # ... and trials
 
+    @property
+    def open_scout(self) -> bool:
+        """A scout that has verified no draft yet (it may draft where the gate vetoes)."""
+        return self.scout and self.tries == 0
+
 
 class DraftLengthPolicy:
     """Per-request draft length.
@@ -147,7 +152,7 @@ class DraftLengthPolicy:
         """``seq`` drafts nothing this step whatever its acceptance: benched, or not an open
         scout on a step only those may draft (:meth:`allow_drafts`)."""
         e = self._seen(seq)
-        return e.benched or (self._scouts_only and not (e.scout and e.tries == 0))
+        return e.benched or (self._scouts_only and not e.open_scout)
 
     def num_drafts(self, seq: Sequence) -> int:
         """Best m in 0..k for this request now."""
@@ -196,10 +201,12 @@ class DraftLengthPolicy:
     def forget(self, seq: Sequence) -> None:
         """``seq`` finished: its estimate goes; a scout's tells the pool whether drafts paid."""
         e = self._est.pop(seq.request_id, None)
-        if e is not None and e.scout and e.tries > 0:   # its own evidence decides
-            self.shared.scout_done(not self.priced_out(e.hits / e.tries))
-        elif e is not None and e.scout:
+        if e is None or not e.scout:
+            return
+        if e.open_scout:   # no evidence: the interval stays
             self._open_scouts -= 1
+        else:              # its own evidence decides
+            self.shared.scout_done(not self.priced_out(e.hits / e.tries))
 
     def pooled(self) -> float:
         """The acceptance pooled over requests (shared_acceptance.py), ``prior`` before any."""
@@ -238,7 +245,7 @@ class DraftLengthPolicy:
             w = 1 - self.decay ** 0.25
             e.successes += w * (self.pooled() * e.trials - e.successes)
             return
-        if e.scout and e.tries == 0:
+        if e.open_scout:
             self._open_scouts -= 1   # its first verify: it has evidence now
         self._est[seq.request_id] = _updated(e, m, j, self.decay)
 

@@ -22,8 +22,8 @@ load gate's probes: load_gate.py); one that never verified a draft (too short or
 the interval as it is. A scout drafts even on steps the load gate vetoes, until its first
 verify (policy.py ``allow_drafts``): else, once the pool is priced out and the gate vetoes,
 nothing would draft and neither would ever hear that drafts pay again. Each scout costs its
-batch a few synchronous drafting steps. When the configured prior is priced out too, nothing can draft and
-there are no scouts.
+batch a few synchronous drafting steps. When the configured prior is priced out too, nothing
+can draft and there are no scouts.
 """
 
 from __future__ import annotations
