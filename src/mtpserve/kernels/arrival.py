@@ -11,17 +11,17 @@ another on the engine's stream, so one buffer serves them all.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from mtpserve.kernels.dispatch import INTERPRET
 
 # counters per device: a kernel may use up to this many groups
 NUM_COUNTERS = 1 << 16
 _buffers: dict[torch.device, torch.Tensor] = {}
 # PTX fences need a GPU: Triton's CPU interpreter runs programs one after another anyway
-_FENCE = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+_FENCE = tl.constexpr(not INTERPRET)
 
 
 def counters(device: torch.device) -> torch.Tensor:

@@ -4,8 +4,12 @@ plain-PyTorch reference."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+
+# Triton's CPU interpreter (tests): kernels run on CPU tensors, programs one after another
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache

@@ -23,7 +23,6 @@ the Triton interpreter also needs). All accumulation is float32, rounded once to
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +30,7 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels import pdl
+from mtpserve.kernels.dispatch import INTERPRET
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -88,9 +88,6 @@ def align_tiles(num_rows: int) -> tuple[int, int]:
     1024 rows 3.9 us (128 rows a program: 5.1, 256: 10.5); E=512 top 10 at 1280 rows 8.8 us
     (9.8, 15.8); E=64 at 16384 rows 12.2 us with (128, 2048) (64 rows a program: 15.9)."""
     return (64, 1024) if num_rows <= 4096 else (128, 2048)
-
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -250,7 +247,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int):
 
     Raises: as the path taken (ValueError for bad arguments on the Triton path).
     """
-    if (ids.is_cuda or _INTERPRET) and ids.numel() <= ALIGN_KERNEL_MAX_ROWS:
+    if (ids.is_cuda or INTERPRET) and ids.numel() <= ALIGN_KERNEL_MAX_ROWS:
         return align_by_expert_triton(ids, num_experts, block_m)
     return align_by_expert_torch(ids, num_experts, block_m)
 
