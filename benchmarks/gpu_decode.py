@@ -175,9 +175,7 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
-                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
-                "silu_mul_fusion": (gemv_triton, "SILU_MUL_FUSION", "half"),
-                "silu_mul_fusion_full": (gemv_triton, "SILU_MUL_FUSION", "full")}
+                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
@@ -209,8 +207,7 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge", "silu_mul_fusion",
-                             "silu_mul_fusion_full"],
+                    choices=["cublas", "no_pdl", "no_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel, with SiLU-and-mul in the gate/up product's "

@@ -246,19 +246,10 @@ next)     # no model needed, about 8 minutes: stage process (engine loop in a th
   hybrid_compare 300 /tmp/res/bench --rounds 3 2>&1 | tail -18
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
-short)    # about 2.5 minutes, no model: the new kernels' GPU tests (SwiGLU epilogue, sort by
-  # expert), then Qwen3-1.7B decode with SiLU-and-mul fused and not (session 15's last call)
-  timeout 50 python3 -m pytest -q tests/test_gpu.py -k "gemv_silu_mul or align_by_expert" 2>&1 \
-    | tee "$OUT/gpu_tests.log" | tail -3
-  timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare silu_mul_fusion \
-    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -4
-  ;;
-s16)      # session 16's first call, no model needed, about 8 minutes: 1.7B decode with the SwiGLU
-  # epilogue (half and full tiles), the hybrid's eager prefill profile (the sort by expert in one
-  # kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving ~5%)
+s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile (the sort by
+  # expert in one kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving
+  # ~5%; session 16's first call also timed a SwiGLU epilogue, since removed)
   mkdir -p /tmp/res
-  timeout 130 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare silu_mul_fusion \
-    silu_mul_fusion_full --json /tmp/res/gpu_decode.json 2>&1 | grep -v "it/s" | tail -4
   timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --prefill 128 --out /tmp/res \
     2>&1 | grep -v "it/s" | tail -3
   tar czf "$OUT/res.tgz" -C /tmp res

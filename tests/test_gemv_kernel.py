@@ -21,18 +21,3 @@ def test_gemv_split_k_under_triton_interpreter():
     without bias, row-invariant, repeatable bit for bit, counters back to zero."""
     worst = float(run_interpreted(_CODE, timeout=300))
     assert 0 < worst < 1e-5
-
-
-_SILU_MUL = """
-from mtpserve.kernels import gemv_triton
-import gemv_check
-print("RESULT", gemv_check.check_silu_mul("cpu"))
-"""
-
-
-def test_gemv_silu_mul_under_triton_interpreter():
-    """check_silu_mul("cpu") of tests/gemv_check.py: the gate/up product with SiLU-and-mul in
-    its epilogue over a [96, 300] float32 weight, within 1e-5 of the float32 SwiGLU, the same
-    bits for a row alone or among others, and no element differing from the two launches it
-    replaces (bfloat16 on CUDA: tests/test_gpu.py)."""
-    assert int(run_interpreted(_SILU_MUL, timeout=300)) == 0

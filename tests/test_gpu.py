@@ -472,17 +472,6 @@ def test_gemv_split_k_on_cuda():
     assert gemv_check.check_split_k("cuda") < 1e-5
 
 
-def test_gemv_silu_mul_on_cuda():
-    """tests/gemv_check.py in bfloat16 over the 1.7B and 8B gate/up shapes: the SwiGLU product
-    in one launch within 1e-2 of float32, row-invariant, and bit-equal to the two launches it
-    replaces (gate/up product, then silu_and_mul), so the fused decode graphs change no token."""
-    import sys
-    sys.path.insert(0, "tests")
-    import gemv_check
-
-    assert gemv_check.check_silu_mul("cuda") == 0
-
-
 def _moe_router_check():
     import sys
     sys.path.insert(0, "tests")

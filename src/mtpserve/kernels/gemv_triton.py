@@ -7,9 +7,9 @@ weight matrix once, so the step is bound by reading the weights from HBM. This k
 extra memory traffic). Few outputs over a long reduction (a down projection) leave too few
 programs to keep HBM busy, so the reduction is split over ``SPLIT_K`` programs per tile and
 summed by the last of them (kernels/arrival.py). Float32 accumulation; one rounding to the output
-dtype. :func:`gemv_silu_mul` is the gate/up product of a SwiGLU MLP with the activation in its
-epilogue, one launch where a product and ``silu_and_mul`` took two (off by default:
-``SILU_MUL_FUSION``).
+dtype. (A SwiGLU variant with SiLU-and-mul in its epilogue was slower on the H200 with either
+tiling, 1.70 / 1.63 against 1.54 ms per 1.7B batch-1 step, and was removed: BENCHMARKS.md,
+session 16.)
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ from mtpserve.kernels.pdl import pdl_wait
 MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
-# SwiGLU MLPs: None, the product then silu_and_mul; "half" / "full", gemv_silu_mul with half /
-# all of gemv's block_n rows from each half. None by default: "half" made Qwen3-1.7B's batch-1
-# step slower on the H200, 1.712 against 1.539 ms (BENCHMARKS.md, session 15); "full" is not
-# measured yet. gpu_decode.py --compare silu_mul_fusion silu_mul_fusion_full
-SILU_MUL_FUSION: str | None = None
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -151,74 +146,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        **pdl.launch(x))
-    return y
-
-
-@triton.jit
-def _gemv_silu_mul_kernel(x_ptr, w_ptr, y_ptr, M, I, sx, sw, sy, K: tl.constexpr,
-                          PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                          STAGES: tl.constexpr, PDL: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pdl_wait(PDL)
-    m = tl.arange(0, ROWS)
-    nmask, mmask = n < I, m < M
-    gate_rows = w_ptr + n[:, None].to(tl.int64) * sw
-    up_rows = w_ptr + (n + I)[:, None].to(tl.int64) * sw
-    acc_g = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    acc_u = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        wmask = nmask[:, None] & kmask[None, :]
-        wg = tl.load(gate_rows + k[None, :], mask=wmask, other=0.0)
-        wu = tl.load(up_rows + k[None, :], mask=wmask, other=0.0)
-        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                    other=0.0).to(wg.dtype)
-        acc_g += tl.dot(x, tl.trans(wg), input_precision=PRECISION)
-        acc_u += tl.dot(x, tl.trans(wu), input_precision=PRECISION)
-    # rounded as the separate product would store them, then silu_and_mul's float32 formula
-    g = acc_g.to(y_ptr.dtype.element_ty).to(tl.float32)
-    u = acc_u.to(y_ptr.dtype.element_ty).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(y_ptr + m[:, None] * sy + n[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
-
-
-def fusable_silu_mul(weight: torch.Tensor) -> bool:
-    """Whether :func:`gemv_silu_mul` over this [2I, K] weight gives the bits of
-    ``silu_and_mul(gemv(x, weight))``: where :func:`gemv` does not split the reduction (it does
-    for 2I < 3072 and K >= 2048, e.g. Qwen3-Next's shared expert, [1024, 2048]: its partial
-    sums then add in another order)."""
-    return tile_config(*weight.shape)["split_k"] == 1
-
-
-def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, tiles: str = "half") -> torch.Tensor:
-    """SwiGLU's first half in one launch: ``silu(x Wg^T) * (x Wu^T)`` for ``weight`` [2I, K]
-    (the I gate rows, then the I up rows: ``MergedColumnParallelLinear``'s layout) and ``x``
-    [M, K], ``M <= MAX_ROWS``, both bfloat16 or float16 (``use_gemv``). Returns [M, I] in x's
-    dtype, bit-equal to ``silu_and_mul(gemv(x, weight))`` where :func:`fusable_silu_mul` (else
-    within float32 rounding of it): the epilogue rounds the gate and up products to x's dtype
-    before the activation, as the two-kernel path stores them. The
-    tiles of :func:`gemv` over [2I, K], a program taking ``tiles`` "half" (the same bytes per
-    program as gemv) or "full" (twice them) of gemv's ``block_n`` rows from each half (no
-    split-K: these products are wide). Raises ``ValueError`` as :func:`gemv` does, for an odd
-    number of weight rows, or for other ``tiles``."""
-    M, (N, K) = x.shape[0], weight.shape
-    if M > MAX_ROWS or weight.stride(-1) != 1 or x.shape[1] != K or N % 2:
-        raise ValueError(f"gemv_silu_mul: x {tuple(x.shape)} (at most {MAX_ROWS} rows) and a "
-                         f"weight {tuple(weight.shape)} contiguous along K with 2I rows")
-    if tiles not in ("half", "full"):
-        raise ValueError(f"gemv_silu_mul: tiles must be 'half' or 'full', got {tiles!r}")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    cfg = tile_config(N, K)
-    block_n = max(16, cfg["block_n"] // 2) if tiles == "half" else cfg["block_n"]
-    inter = N // 2
-    y = torch.empty(M, inter, dtype=x.dtype, device=x.device)
-    _gemv_silu_mul_kernel[(triton.cdiv(inter, block_n),)](
-        x, weight, y, M, inter, x.stride(0), weight.stride(0), y.stride(0), K=K,
-        PRECISION="ieee" if x.dtype == torch.float32 else None, BLOCK_N=block_n,
-        BLOCK_K=cfg["block_k"], ROWS=MAX_ROWS, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
         **pdl.launch(x))
     return y

@@ -86,19 +86,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         part = loaded.narrow(0, self.tp_rank * sizes[shard_id], sizes[shard_id])
         param.data.narrow(0, offset, sizes[shard_id]).copy_(part)
 
-    def forward_silu_mul(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
-        """``act(self(x))`` for a [gate | up] layer and ``act`` = SiluAndMul: [T, in] -> [T, I].
-        Where the product takes the skinny Triton kernel (a few rows on CUDA, no bias) and
-        ``gemv_triton.SILU_MUL_FUSION`` is set (None by default: slower on the H200), the
-        activation runs in that kernel's epilogue where that gives the same bits
-        (``fusable_silu_mul``; ``gemv_silu_mul``: one launch)."""
-        if self.bias is None and len(self.output_sizes) == 2 and use_gemv(x, self.weight):
-            from mtpserve.kernels import gemv_triton
-
-            if gemv_triton.SILU_MUL_FUSION and gemv_triton.fusable_silu_mul(self.weight):
-                return gemv_triton.gemv_silu_mul(x, self.weight, gemv_triton.SILU_MUL_FUSION)
-        return act(self(x))
-
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Query, key and value projections in one matrix, split by heads over TP ranks.

@@ -31,7 +31,7 @@ class GatedMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.forward_silu_mul(x, self.act))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class FusedExperts(nn.Module):
