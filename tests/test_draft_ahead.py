@@ -272,22 +272,29 @@ def test_a_short_mtp_pool_drafts_as_the_usual_step():
     Drafting ahead grows each shadow for every acceptance's chain; it must not leave the pool
     shorter than the usual step does (a shadow that then finds no block is broken for good, a
     chain cut shorter): the same drafts, acceptance and preemptions as without drafting
-    ahead, not only the same greedy tokens."""
+    ahead, not only the same greedy tokens. Two pool sizes: where preemption strikes depends on
+    the trained weights' acceptance (32 blocks preempted with the weights trained under an
+    earlier transformers and not under 5.24's, 28 blocks the other way round), so between them
+    it strikes."""
     path, prompts = trained_hybrid_dir(), held_out_prompts(8, 6, seed=5)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
               for n in (20, 7, 15, 25, 11, 26, 9, 18)]
-    kw = dict(max_model_len=64, num_kv_blocks=32)
-    runs = {}
-    for ahead in (True, False):
-        llm, log, counts = engine(path, ahead, **kw)
-        ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
-        m = llm.engine.spec_metrics
-        runs[ahead] = (ids, log, (m.num_draft_tokens, m.num_accepted_tokens,
-                                  list(m.accepted_per_step)),
-                       llm.engine.scheduler.num_preemptions, counts)
-    assert runs[True][0] == runs[False][0] == plain(path, prompts, params, **kw)
-    assert runs[True][1:4] == runs[False][1:4]
-    assert runs[True][3] > 0 and runs[True][4]["ahead"] >= 5
+    preemptions = went_ahead = 0
+    for blocks in (28, 32):
+        kw = dict(max_model_len=64, num_kv_blocks=blocks)
+        runs = {}
+        for ahead in (True, False):
+            llm, log, counts = engine(path, ahead, **kw)
+            ids = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+            m = llm.engine.spec_metrics
+            runs[ahead] = (ids, log, (m.num_draft_tokens, m.num_accepted_tokens,
+                                      list(m.accepted_per_step)),
+                           llm.engine.scheduler.num_preemptions, counts)
+        assert runs[True][0] == runs[False][0] == plain(path, prompts, params, **kw), blocks
+        assert runs[True][1:4] == runs[False][1:4], blocks
+        preemptions += runs[True][3]
+        went_ahead += runs[True][4]["ahead"]
+    assert preemptions > 0 and went_ahead >= 5
 
 
 def test_sampled_requests_under_a_short_mtp_pool_emit_the_usual_tokens():

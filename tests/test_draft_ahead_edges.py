@@ -444,12 +444,14 @@ def test_sampled_requests_at_the_edges_emit_the_usual_tokens():
     stop tokens and strings met inside accepted blocks, n = 3 fan-out (seed + i each), the
     shared generator, temperatures of 1e-5 and 50, top-k 1, logprobs, with the token budget
     cutting drafts and chunking prompts: the same tokens, text, finish reasons and logprobs as
-    without drafting ahead, from the same drafts. (Passed when added.)"""
+    without drafting ahead, from the same drafts. (Passed when added. Which step reaches a
+    min_tokens exactly depends on the trained weights' acceptance: 7 and 5 did with the
+    weights trained under an earlier transformers, 8 and 6 do under 5.24's.)"""
     prompts, full = greedy_outputs(7)
     params = [
-        SamplingParams(max_tokens=16, temperature=0.8, seed=1, min_tokens=7,
+        SamplingParams(max_tokens=16, temperature=0.8, seed=1, min_tokens=8,
                        stop_token_ids=[full[0][2], full[0][8]]),
-        SamplingParams(max_tokens=16, temperature=0.9, min_tokens=5, stop_token_ids=[5, 9]),
+        SamplingParams(max_tokens=16, temperature=0.9, min_tokens=6, stop_token_ids=[5, 9]),
         SamplingParams(max_tokens=16, temperature=0.7, stop=[f"w{full[2][4]}"], seed=3),
         SamplingParams(max_tokens=12, temperature=4.0, n=3, seed=4, ignore_eos=True),
         SamplingParams(max_tokens=14, temperature=1e-5, top_k=1, ignore_eos=True, logprobs=2),
