@@ -6,15 +6,19 @@ first seen after its prefill step (as the MTP observes it), ``num_drafts`` and `
 verify, ``record_step`` per all-decode step, ``forget`` when a request ends. Each draft is
 accepted with the phase's probability; step times come from a linear model (plain step
 ``--plain-ms`` + ``--per-seq-ms`` per sequence; a drafting step that much times 1 + 0.1 per draft,
-plus ``--draft-overhead-ms``, plus ``--switch-ms`` after a plain step), not from a GPU. Made to
+plus ``--draft-overhead-ms``, plus ``--switch-ms`` after a plain step), not from a GPU; the
+policy prices drafts by ``--cost-per-draft``, or with ``--measured-prices`` by those step
+times, as the engine does with CUDA graphs. Made to
 try rules for scouts and the gate's probes on the CPU before spending device time on them
 (session 15: a rule that stopped scouts where the gate vetoes turned out to switch speculation
 off for good; a fresh review found it with the first version of this script).
 
     python benchmarks/cpu_policy_sim.py --phases 1:0.9:2000 64:0:3000 1:0:3000 1:0.9:20000
 
-Each phase is ``LOAD:ACCEPT:STEPS`` (running requests, per-draft acceptance, engine steps).
-Prints, per phase: steps, drafting steps, requests started (normal / scout / benched), scout
+Each phase is ``LOAD:ACCEPT:STEPS`` (running requests, per-draft acceptance, engine steps);
+ACCEPT ``=J`` accepts exactly the first J drafts of every verify (as ``gpu_mtp_speedup.py``
+forces them), else each draft is accepted with that probability. Prints, per phase: decode
+tokens/s under the step-time model, steps, drafting steps, requests started (normal / scout / benched), scout
 steps (a scout decoding in a step: the MTP observes it), the pooled acceptance, the gate's
 measured tokens/s at batch 1 (drafting, plain) and the scout interval.
 """
@@ -39,11 +43,23 @@ class Phase:
     load: int
     accept: float
     steps: int
+    fixed: int | None = None   # ACCEPT "=J": the first J drafts accepted, the rest rejected
 
     @classmethod
     def parse(cls, text: str) -> "Phase":
         load, accept, steps = text.split(":")
+        if accept.startswith("="):
+            return cls(int(load), 0.0, int(steps), int(accept[1:]))
         return cls(int(load), float(accept), int(steps))
+
+    def accepted(self, m: int, rng: random.Random) -> int:
+        """Drafts accepted of ``m`` verified."""
+        if self.fixed is not None:
+            return min(m, self.fixed)
+        j = 0
+        while j < m and rng.random() < self.accept:
+            j += 1
+        return j
 
 
 @dataclass
@@ -54,6 +70,8 @@ class Counts:
     scouts: int = 0
     benched: int = 0
     scout_steps: int = 0
+    tokens: int = 0         # emitted by the timed steps (decode steps without a prefill)
+    seconds: float = 0.0    # their modelled time
 
 
 @dataclass
@@ -75,11 +93,16 @@ class Sim:
         return seq
 
     def seconds(self, batch: int, drafts: int, drafted: bool) -> float:
-        a = self.args
+        return self.model_seconds(self.args, batch, drafts, drafted, self.prev_drafted)
+
+    @staticmethod
+    def model_seconds(a: argparse.Namespace, batch: int, drafts: int, drafted: bool,
+                      after_drafting: bool) -> float:
+        """The made-up step time (module doc), seconds."""
         plain = (a.plain_ms + a.per_seq_ms * batch) / 1e3
         if not drafted:
             return plain
-        switch = 0.0 if self.prev_drafted else a.switch_ms / 1e3
+        switch = 0.0 if after_drafting else a.switch_ms / 1e3
         return plain * (1 + 0.1 * drafts) + a.draft_overhead_ms / 1e3 + switch
 
     def drafts(self, decoding: list[Sequence]) -> dict[str, int]:
@@ -104,9 +127,7 @@ class Sim:
         emitted = 0
         for seq in decoding:
             m = drafts.get(seq.request_id, 0)
-            j = 0
-            while j < m and self.rng.random() < phase.accept:
-                j += 1
+            j = phase.accepted(m, self.rng)
             if m:
                 pol.record(seq, m, j)
             self.out[seq.request_id] += 1 + j
@@ -116,6 +137,8 @@ class Sim:
             secs = self.seconds(len(decoding), max(drafts.values(), default=0), drafted)
             pol.record_step(len(decoding), drafted, emitted, secs,
                             switch=drafted and not self.prev_drafted)
+            counts.tokens += emitted
+            counts.seconds += secs
         if decoding:
             self.prev_drafted = drafted
         counts.steps += 1
@@ -137,14 +160,21 @@ class Sim:
 def build(args: argparse.Namespace) -> DraftLengthPolicy:
     """The MTP's policy: its cost per draft, prior and pool (spec/__init__.py's defaults are
     not imported: the flags say them, so a run records what it assumed)."""
+    step_cost = None
+    if args.measured_prices:   # what the step timer would have learned: the model's own times
+        def step_cost(tokens: int, seqs: int) -> float:
+            return Sim.model_seconds(args, seqs, tokens // seqs - 1, tokens > seqs, True)
     return DraftLengthPolicy(args.k, args.cost_per_draft, prior=args.prior, gate=LoadGate(),
-                             shared=SharedAcceptance())
+                             shared=SharedAcceptance(), step_cost=step_cost,
+                             drafts_measured=lambda: True)
 
 
 def report(i: int, phase: Phase, c: Counts, pol: DraftLengthPolicy) -> str:
     spec, plain = pol.gate.rates(1)
     rates = tuple(None if r is None else round(r) for r in (spec, plain))
-    return (f"phase {i} load {phase.load} accept {phase.accept}: steps {c.steps}, drafting "
+    accept = phase.accept if phase.fixed is None else f"={phase.fixed}"
+    return (f"phase {i} load {phase.load} accept {accept}: {c.tokens / c.seconds:.0f} tok/s; "
+            f"steps {c.steps}, drafting "
             f"{c.draft_steps}; started normal {c.normal} / scout {c.scouts} / benched "
             f"{c.benched}; scout steps {c.scout_steps}; pooled {pol.pooled():.3f}; gate tok/s at 1 "
             f"(drafting, plain) {rates}; scout interval {pol.shared.interval}")
@@ -165,6 +195,9 @@ def main() -> None:
     ap.add_argument("--draft-overhead-ms", type=float, default=0.5)
     ap.add_argument("--switch-ms", type=float, default=2.8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--measured-prices", action="store_true",
+                    help="price drafts by the step-time model's own times, as the engine's step "
+                         "timer and graph timings would (else by --cost-per-draft alone)")
     args = ap.parse_args()
     sim = Sim(build(args), args, random.Random(args.seed))
     for i, phase in enumerate(args.phases):

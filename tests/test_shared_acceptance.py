@@ -151,6 +151,38 @@ class _Veto:
         self.records.append((num_seqs, drafted))
 
 
+def test_a_pool_priced_out_only_at_the_measured_price_benches_and_sends_scouts():
+    """Measured drafting steps cost 3 plain steps (a hybrid MoE verify at batch 1 costs
+    2.3-2.4), the cost model 1 + 0.1 m. A pool at ~0.34 pays at the model's price but at no
+    measured one: before session 16 nobody was benched, no scout went out, and no request
+    drafted (would_draft 0), so the pool never heard that drafts paid again. Now new requests
+    start benched, every 8th a scout; the open scout drafts at the model's price (at the
+    measured one even the prior 0.8 does not pay: E(3) = 2.95 < 3), its first verify of 3 of 3
+    keeps it drafting at the measured price, and it ends reporting that drafts pay."""
+    def cost(tokens, seqs):
+        return 1.0 if tokens == seqs else 3.0
+
+    p = DraftLengthPolicy(3, 0.1, prior=0.8, step_cost=cost, drafts_measured=lambda: True,
+                          shared=SharedAcceptance())
+    for _ in range(100):   # earlier requests' verify steps
+        p.shared.record(3, 1)   # 1 success of 2 trials
+        p.shared.record(3, 0)   # 0 of 1
+    pooled = p.pooled()
+    assert 0.33 < pooled < 0.36
+    assert not p.priced_out(pooled, measured=False) and p.priced_out(pooled)
+    assert p.priced_out(0.8) and not p.priced_out(0.8, measured=False)
+    p.set_batch(1)
+    new = [seq(f"n{i}") for i in range(8)]
+    assert [p.benched(s) for s in new] == [True] * 7 + [False]
+    scout = new[7]
+    assert p.would_draft(scout) == p.num_drafts(scout) == 3
+    p.record(scout, 3, 3)
+    assert p.num_drafts(scout) == 3
+    p.shared.interval = 32   # as after scouts that found drafts priced out
+    p.forget(scout)
+    assert p.shared.interval == 8
+
+
 def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
     """Pool priced out, the gate vetoing: a scout that has verified no draft yet still drafts
     (3, priced by the model at the prior 0.8), the benched request and a request that started

@@ -16,9 +16,13 @@ verified m drafts and accepted j adds j successes out of j + (1 if j < m else 0)
 maximum-likelihood count for a truncated geometric). Before any evidence the estimate starts at
 the acceptance pooled over earlier requests (shared_acceptance.py; ``prior`` while there is
 none); while a request does not draft, its estimate slowly returns there, so that it tries again
-later. A request that starts priced out (no m pays at the cost model's price) is benched for
-good, unless it is that module's scout, which drafts until its first verify even on steps the
-load gate vetoes (no other request drafts on those).
+later. A request that starts priced out (no m pays at batch 1's price: measured where it is,
+the cost model's before) is benched for good, unless it is that module's scout, which drafts
+until its first verify even on steps the load gate vetoes (no other request drafts on those),
+priced by the cost model until then. Priced out at the model's price alone, a pool between that
+price and the measured one (e.g. after a spell of rejected drafts) benched nobody and sent no
+scout, while no request's estimate paid the measured price: nothing drafted, so the pool never
+heard that drafts paid again (session 16: benchmarks/cpu_policy_sim.py --measured-prices).
 """
 
 from __future__ import annotations
@@ -122,9 +126,12 @@ class DraftLengthPolicy:
 
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
-        b = self.batch
-        base = (self.step_cost(b, b) if self.step_cost is not None and not self._exploring
-                else None)
+        return self._price(m, self.batch, measured=not self._exploring)
+
+    def _price(self, m: int, b: int, measured: bool) -> float:
+        """C(m) for ``b`` sequences: from the measured step times where ``measured`` and they
+        exist, else the cost model's ``1 + cost_per_draft * m``."""
+        base = self.step_cost(b, b) if self.step_cost is not None and measured else None
         if base:
             spec = self.step_cost(b * (1 + m), b)
             if not spec:
@@ -158,7 +165,7 @@ class DraftLengthPolicy:
         """Best m in 0..k for this request now."""
         if self._sits_out(seq):
             return 0
-        best = self._best(self.acceptance(seq))
+        best = self._best(self.acceptance(seq), self._seen(seq).open_scout)
         if best == 0:  # not drafting: drift back towards the pooled acceptance, to try again
             self._update(seq, 0, 0, idle=True)
         return best
@@ -166,7 +173,8 @@ class DraftLengthPolicy:
     def would_draft(self, seq: Sequence) -> int:
         """What :meth:`num_drafts` answers for ``seq`` now, without its side effect (the drift
         towards the pooled acceptance of a request that does not draft)."""
-        return 0 if self._sits_out(seq) else self._best(self.acceptance(seq))
+        return (0 if self._sits_out(seq)
+                else self._best(self.acceptance(seq), self._seen(seq).open_scout))
 
     def num_drafts_after(self, seq: Sequence, num_drafts: int, num_accepted: int) -> int:
         """What :meth:`num_drafts` will answer for ``seq`` once a verify step of ``num_drafts``
@@ -180,14 +188,16 @@ class DraftLengthPolicy:
             e = _updated(e, num_drafts, num_accepted, self.decay)
         return self._best(e.successes / e.trials)
 
-    def _best(self, acceptance: float) -> int:
-        """The m in 0..k of the highest E(m) / C(m) at this step's costs."""
+    def _best(self, acceptance: float, model_price: bool = False) -> int:
+        """The m in 0..k of the highest E(m) / C(m) at this step's costs (``model_price``:
+        at the cost model's, as an open scout drafts)."""
         a = min(acceptance, 0.999)
         if self._costs is None:
             self._costs = [1.0] + [self._relative_cost(m) for m in range(1, self.k + 1)]
+        costs = [1.0 + self.cost * m for m in range(self.k + 1)] if model_price else self._costs
         best, best_rate = 0, 1.0
         for m in range(1, self.k + 1):
-            rate = (1 - a ** (m + 1)) / (1 - a) / self._costs[m]
+            rate = (1 - a ** (m + 1)) / (1 - a) / costs[m]
             if rate > best_rate:
                 best, best_rate = m, rate
         return best
@@ -214,11 +224,12 @@ class DraftLengthPolicy:
             return self.prior
         return self.shared.estimate(self.prior, 2 * self.prior_weight)
 
-    def priced_out(self, acceptance: float) -> bool:
-        """Whether no m in 1..k pays at ``acceptance`` even at the cost model's price
-        (``1 + cost_per_draft * m`` plain steps: the cheapest a drafting step gets, batch 1)."""
+    def priced_out(self, acceptance: float, measured: bool = True) -> bool:
+        """Whether no m in 1..k pays at ``acceptance`` at batch 1's price (the cheapest a
+        drafting step gets): the measured one where there is one and ``measured``, else the
+        cost model's (``1 + cost_per_draft * m`` plain steps)."""
         a = min(acceptance, 0.999)
-        return all((1 - a ** (m + 1)) / (1 - a) <= 1 + self.cost * m
+        return all((1 - a ** (m + 1)) / (1 - a) <= self._price(m, 1, measured)
                    for m in range(1, self.k + 1))
 
     def _seen(self, seq: Sequence) -> _Estimate:
@@ -233,7 +244,7 @@ class DraftLengthPolicy:
         unless the request is a scout, which starts from ``prior``."""
         a, w = self.pooled(), self.prior_weight
         if self.shared is not None and self.priced_out(a):
-            if not self.shared.scout(can_draft=not self.priced_out(self.prior)):
+            if not self.shared.scout(can_draft=not self.priced_out(self.prior, measured=False)):
                 return _Estimate(a * w, w, benched=True)
             self._open_scouts += 1
             return _Estimate(self.prior * w, w, scout=True)

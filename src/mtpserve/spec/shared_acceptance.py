@@ -12,8 +12,8 @@ drafts were all rejected ran 10-16% slower than plain decoding at 16-64 concurre
 So the evidence of all verify steps is pooled here, with exponential forgetting, and a new
 request starts from the pooled estimate (an empirical-Bayes prior: the configured prior with a
 pseudo-count, plus the pooled successes and trials). A request that starts where no draft length
-pays even at the cost model's price (policy.py ``priced_out``) is *benched*: it never drafts,
-and the MTP never observes it. One priced-out start in ``scout_every`` goes out as a *scout*
+pays at batch 1's price (policy.py ``priced_out``: measured where it is) is *benched*: it never
+drafts, and the MTP never observes it. One priced-out start in ``scout_every`` goes out as a *scout*
 instead, from the configured prior, so that the pooled estimate keeps learning and speculation
 comes back when the drafts get better. A scout whose own evidence ends priced out confirms the
 bench, and the next one comes twice as many starts later, up to ``max_scout_every``; one that
@@ -22,8 +22,8 @@ load gate's probes: load_gate.py); one that never verified a draft (too short or
 the interval as it is. A scout drafts even on steps the load gate vetoes, until its first
 verify (policy.py ``allow_drafts``): else, once the pool is priced out and the gate vetoes,
 nothing would draft and neither would ever hear that drafts pay again. Each scout costs its
-batch a few synchronous drafting steps. When the configured prior is priced out too, nothing
-can draft and there are no scouts.
+batch a few synchronous drafting steps. When the configured prior is priced out at the cost
+model's price (the one an open scout drafts at), nothing can draft and there are no scouts.
 """
 
 from __future__ import annotations
