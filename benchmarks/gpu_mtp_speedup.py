@@ -177,6 +177,28 @@ def vetoed(eng: LLMEngine, reference: list[int], margins: list[float], new: int,
     return row
 
 
+def carry_over(eng: LLMEngine, reference: list[int], levels: list[int], requests: int,
+               new: int, plain_step: float) -> list[dict]:
+    """``requests`` requests at each forced acceptance level of ``levels`` in turn, the gate
+    and the pooled acceptance kept from one level to the next (one fresh pair at the start):
+    per level, time per token over its requests against plain decoding's, and per request
+    the tokens per decode step (1.00: it never drafted)."""
+    fresh_gate(eng)
+    out = []
+    for accept in levels:
+        runs = [forced_run(eng, reference, accept, new)[0] for _ in range(requests)]
+        per_token = sum(sum(r.times) for r in runs) / sum(sum(r.times) / r.total_per_token
+                                                          for r in runs)
+        per_req = [round(r.per_step, 2) for r in runs]
+        out.append(dict(accept=accept, ms_per_token=per_token * 1e3,
+                        speedup=plain_step / per_token, tokens_per_step=per_req,
+                        pooled=eng.proposer.policy.pooled()))
+        print(f"  {accept} accepted, {requests} requests: {per_token * 1e3:.3f} ms/token, "
+              f"{plain_step / per_token:.2f}x plain; tokens/step per request {per_req}; "
+              f"pooled {out[-1]['pooled']:.3f}", flush=True)
+    return out
+
+
 class _Every:
     """A load gate that lets every ``n``-th step draft (the others stay plain and overlap);
     ``n`` None: none."""
@@ -257,6 +279,12 @@ def main() -> None:
     ap.add_argument("--adaptive", action="store_true",
                     help="the adaptive draft-length policy on (the server's default): where "
                          "drafts do not pay it drafts fewer or none")
+    ap.add_argument("--carry-over", nargs="+", type=int, metavar="A",
+                    help="with --adaptive: instead of the rows, these acceptance levels in this "
+                         "order (e.g. 1 3), the gate and pooled acceptance carried from each "
+                         "level to the next, --requests requests per level: whether drafting "
+                         "comes back after a spell of poor drafts")
+    ap.add_argument("--requests", type=int, default=8, help="with --carry-over")
     ap.add_argument("--json")
     ap.add_argument("--log-compiles", help="append each Triton compile to this file")
     ap.add_argument("--profile", help="with --adaptive: profile a request that drafts every 8th "
@@ -275,6 +303,14 @@ def main() -> None:
     spec = SpeculativeConfig(algorithm="nextn", num_steps=a.k, adaptive=a.adaptive)
     eng = build(a.shape, a.device, spec)
     eng.warmup()
+    if a.carry_over:
+        rows = {"plain_ms_per_token": plain_step * 1e3,
+                "carry_over": carry_over(eng, reference, a.carry_over, a.requests, a.new,
+                                         plain_step)}
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     rows = {"plain_ms_per_token": plain_step * 1e3, "adaptive": a.adaptive, "accepted": {}}
     for accept in range(a.k + 1):
         fresh_gate(eng)
