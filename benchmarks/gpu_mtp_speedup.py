@@ -230,6 +230,24 @@ def profile_text(prof, limit: int, by_own_time: bool = False) -> str:
     return text.getvalue()
 
 
+def profile_first(eng: LLMEngine, reference: list[int], new: int, path: str) -> None:
+    """The engine's first request after warm-up, every draft rejected, under cProfile: where a
+    first-use stall (45-73 ms in one early decode step, sessions 12-16) spends host time.
+    Writes the step times and the 40 costliest calls, cumulative and by own time, to ``path``."""
+    import cProfile
+
+    fresh_gate(eng)
+    force_acceptance(eng, reference, 0)
+    prof = cProfile.Profile()
+    r = prof.runcall(run, eng, new)
+    with open(path, "w") as f:
+        f.write(f"all steps ms: {[round(t * 1e3, 2) for t in r.times]}\n\n")
+        f.write(profile_text(prof, 40, by_own_time=True))
+    print(f"  first request: slowest steps "
+          f"{[round(t * 1e3, 2) for t in sorted(r.times, reverse=True)[:4]]} ms; {path}",
+          flush=True)
+
+
 def profile_drafting(eng: LLMEngine, new: int, path: str, every: int = 8) -> None:
     """One request where every ``every``-th step drafts (the MTP catches up on the steps before
     it), under cProfile and then torch.profiler: where a drafting step's time goes. Writes the
@@ -285,6 +303,10 @@ def main() -> None:
                          "level to the next, --requests requests per level: whether drafting "
                          "comes back after a spell of poor drafts")
     ap.add_argument("--requests", type=int, default=8, help="with --carry-over")
+    ap.add_argument("--profile-first", metavar="PATH",
+                    help="with --adaptive: before the rows, the MTP engine's first request "
+                         "(every draft rejected) under cProfile: its step times and where the "
+                         "host time of its slowest step goes, written to PATH")
     ap.add_argument("--json")
     ap.add_argument("--log-compiles", help="append each Triton compile to this file")
     ap.add_argument("--profile", help="with --adaptive: profile a request that drafts every 8th "
@@ -311,6 +333,8 @@ def main() -> None:
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return
+    if a.profile_first:
+        profile_first(eng, reference, a.new, a.profile_first)
     rows = {"plain_ms_per_token": plain_step * 1e3, "adaptive": a.adaptive, "accepted": {}}
     for accept in range(a.k + 1):
         fresh_gate(eng)

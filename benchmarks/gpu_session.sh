@@ -274,6 +274,11 @@ carry)    # no model needed, about 3 minutes: the adaptive MTP engine's forced-a
       --carry-over 1 3 --requests 6 --json "$OUT/carry_old.json" 2>&1 | grep -v "it/s"
   fi
   ;;
+first)    # no model needed, about 1.5 minutes: the adaptive MTP engine's first request under
+  # cProfile (where the first-use stall of row 0 goes), then the forced rows
+  timeout 120 python3 benchmarks/gpu_mtp_speedup.py --adaptive --profile-first "$OUT/first.txt" \
+    --json "$OUT/adaptive.json" 2>&1 | grep -v "it/s" | grep -v policy
+  ;;
 procprof) # no model needed, about 3 minutes: the plain hybrid server at 16 streams with its engine
   # loop in a thread and in its own process, each loop under cProfile (MTPSERVE_ENGINE_PROFILE):
   # where the engine process's extra ~0.25 ms per step goes (session 15)
