@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hmac
-from typing import Callable
+from typing import Awaitable, Callable
 
 from fastapi import Request
 
 from mtpserve.server.errors import APIError
 
 
-def api_key_checker(api_key: str | None) -> Callable[[Request], None]:
+def api_key_checker(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
     """A FastAPI dependency that requires ``Authorization: Bearer <api_key>``.
 
     With ``api_key=None`` every request passes.
@@ -20,7 +20,7 @@ def api_key_checker(api_key: str | None) -> Callable[[Request], None]:
     """
     expected = api_key.encode() if api_key else None
 
-    def check(request: Request) -> None:
+    async def check(request: Request) -> None:   # async: no thread-pool hop per request
         if expected is None:
             return
         header = request.headers.get("authorization", "")
