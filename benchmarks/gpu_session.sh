@@ -279,6 +279,17 @@ first)    # no model needed, about 1.5 minutes: the adaptive MTP engine's first 
   timeout 120 python3 benchmarks/gpu_mtp_speedup.py --adaptive --profile-first "$OUT/first.txt" \
     --json "$OUT/adaptive.json" 2>&1 | grep -v "it/s" | grep -v policy
   ;;
+warm)     # no model needed, about 4 minutes: the MTP engine's first request after the warm-up
+  # that drafts (stage first), the GPU tests of MTP and speculation, then the plain hybrid
+  # server's TTFT at c=1 (async /v1 dependencies)
+  bash "$0" first
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "mtp or greedy or graph_replay" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -3
+  hybrid_checkpoint
+  timeout 120 python3 -m mtpserve bench --model /tmp/ckpt-hybrid --concurrency 1 --num-prompts 32 \
+    --endpoint completions --output-len 128 --no-progress --output-dir "$OUT/c1" -- \
+    --dtype bfloat16 2>&1 | grep -E "^ +1 "
+  ;;
 procprof) # no model needed, about 3 minutes: the plain hybrid server at 16 streams with its engine
   # loop in a thread and in its own process, each loop under cProfile (MTPSERVE_ENGINE_PROFILE):
   # where the engine process's extra ~0.25 ms per step goes (session 15)
