@@ -32,8 +32,12 @@ def async_on(llm):
 
 
 def summary(results):
+    """Each choice's tokens, text, finish and logprobs: ids exact, log-probabilities to 4
+    decimals (a step's batch differs between the modes, and the CPU's float32 products round
+    differently by batch: one step's top-2 differed in the 7th decimal in session 16's setup)."""
     return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason,
-              [(lp.token_id, round(lp.logprob, 4), lp.top) for lp in o.logprobs or []])
+              [(lp.token_id, round(lp.logprob, 4), [(t, round(v, 4)) for t, v in lp.top])
+               for lp in o.logprobs or []])
              for o in r.outputs] for r in results]
 
 
