@@ -183,6 +183,21 @@ def test_a_pool_priced_out_only_at_the_measured_price_benches_and_sends_scouts()
     assert p.shared.interval == 8
 
 
+def test_a_start_is_priced_at_the_cheaper_of_batch_1_and_the_step():
+    """A drafting overhead fixed per step weighs least at high load: priced at batch 1 alone,
+    acceptance 0.55 benched nearly every request at 64 although drafting paid there (a fresh
+    review: 13865 against 16590 tok/s in cpu_policy_sim --phases 64:0.6:6000)."""
+    def cost(tokens, seqs):   # seconds: 1 + 0.01 per sequence, + 1.5 with drafts
+        return 1 + 0.01 * seqs + (1.5 if tokens > seqs else 0.0)
+
+    p = DraftLengthPolicy(3, 0.1, prior=0.8, step_cost=cost, drafts_measured=lambda: True,
+                          shared=SharedAcceptance())
+    p.set_batch(64)   # C(3) = 3.14 / 1.64 = 1.91 < E(3) = 2.02
+    assert not p.priced_out(0.55)
+    p.set_batch(1)    # C(3) = 2.51 / 1.01 = 2.49
+    assert p.priced_out(0.55)
+
+
 def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
     """Pool priced out, the gate vetoing: a scout that has verified no draft yet still drafts
     (3, priced by the model at the prior 0.8), the benched request and a request that started
@@ -286,3 +301,19 @@ def test_model_drafters_pool_and_the_ngram_proposer_does_not(algo, kw, pooled):
         assert (policy.shared.num_benched, policy.shared.num_scouts) == (0, 0)
         assert (policy.shared.successes, policy.shared.trials) == (0.0, 1e6)
         assert llm.engine.spec_metrics.num_benched_requests == 0
+        # the pool on /metrics is still the policy's (a review found warm-up swapping in a copy)
+        assert llm.engine.spec_metrics.pool is policy.shared
+
+
+def test_warm_up_drafts_within_a_tiny_context():
+    """The warm-up's drafting requests (engine.py ``warmup``) ask at most what the context
+    holds: 8 drafts per step in a 16-token context made them ask 20 tokens, and the engine never
+    became ready (a fresh review's finding). Its verify steps leave no counts behind."""
+    from mtpserve import LLM
+
+    llm = LLM(None, dtype="float32", device="cpu", max_model_len=16, num_kv_blocks=64,
+              max_num_seqs=2, speculative_algorithm="ngram", speculative_num_steps=8)
+    llm.engine.warmup()
+    m = llm.engine.spec_metrics
+    assert (m.num_draft_tokens, m.num_verify_steps, sum(m.accepted_per_step)) == (0, 0, 0)
+    assert not llm.engine.seqs

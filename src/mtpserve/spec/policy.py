@@ -16,8 +16,8 @@ verified m drafts and accepted j adds j successes out of j + (1 if j < m else 0)
 maximum-likelihood count for a truncated geometric). Before any evidence the estimate starts at
 the acceptance pooled over earlier requests (shared_acceptance.py; ``prior`` while there is
 none); while a request does not draft, its estimate slowly returns there, so that it tries again
-later. A request that starts priced out (no m pays at batch 1's price: measured where it is,
-the cost model's before) is benched for good, unless it is that module's scout, which drafts
+later. A request that starts priced out (no m pays at batch 1's price nor the step's: measured
+where they are, the cost model's before) is benched for good, unless it is that module's scout, which drafts
 until its first verify even on steps the load gate vetoes (no other request drafts on those),
 priced by the cost model until then. Priced out at the model's price alone, a pool between that
 price and the measured one (e.g. after a spell of rejected drafts) benched nobody and sent no
@@ -225,11 +225,13 @@ class DraftLengthPolicy:
         return self.shared.estimate(self.prior, 2 * self.prior_weight)
 
     def priced_out(self, acceptance: float, measured: bool = True) -> bool:
-        """Whether no m in 1..k pays at ``acceptance`` at batch 1's price (the cheapest a
-        drafting step gets): the measured one where there is one and ``measured``, else the
-        cost model's (``1 + cost_per_draft * m`` plain steps)."""
+        """Whether no m in 1..k pays at ``acceptance`` at the lower of batch 1's price and the
+        current step's (a fixed drafting overhead per step weighs least at high load, a verify
+        of B (1 + m) tokens most): the measured ones where they exist and ``measured``, else
+        the cost model's (``1 + cost_per_draft * m`` plain steps)."""
         a = min(acceptance, 0.999)
-        return all((1 - a ** (m + 1)) / (1 - a) <= self._price(m, 1, measured)
+        sizes = {1, self.batch}
+        return all((1 - a ** (m + 1)) / (1 - a) <= min(self._price(m, b, measured) for b in sizes)
                    for m in range(1, self.k + 1))
 
     def _seen(self, seq: Sequence) -> _Estimate:
