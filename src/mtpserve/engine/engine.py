@@ -372,29 +372,34 @@ class LLMEngine:
         ``repeat``). What they taught is forgotten: the pooled acceptance (they are neither
         evidence nor benched or scout requests on /metrics), the spec metrics and the step
         timer are as they were."""
-        pool, metrics = self.spec_metrics.pool, self.spec_metrics
-        before = (pool.snapshot() if pool is not None else None, copy.deepcopy(vars(metrics)),
-                  copy.deepcopy(vars(self.step_timer)))
-        self._serve_internal(SamplingParams(max_tokens=2, temperature=0.0))
-        if self.proposer is not None:
+        pool, m = self.spec_metrics.pool, self.spec_metrics
+        counts = (m.num_draft_tokens, m.num_accepted_tokens, m.num_verify_steps,
+                  list(m.accepted_per_step))
+        pooled = pool.snapshot() if pool is not None else None
+        timer = copy.deepcopy(vars(self.step_timer))
+        ids = self.tokenizer.encode("Hello") or [0]
+        self._serve_internal(ids, SamplingParams(max_tokens=2, temperature=0.0))
+        # two drafting steps' worth of tokens, within the context (a tiny one drafts less)
+        n = min(2 + 2 * (self.proposer.k + 1), self.max_model_len - len(ids)) \
+            if self.proposer is not None else 0
+        if n >= 2:
             policy, self.proposer.policy = self.proposer.policy, None
-            n = 2 + 2 * (self.proposer.k + 1)
             try:
-                self._serve_internal(SamplingParams(max_tokens=n, temperature=0.0,
-                                                    ignore_eos=True))
-                self._serve_internal(SamplingParams(max_tokens=n, temperature=1.0, seed=0,
-                                                    ignore_eos=True))
+                for t in (0.0, 1.0):
+                    self._serve_internal(ids, SamplingParams(max_tokens=n, temperature=t, seed=0,
+                                                             ignore_eos=True))
             finally:
                 self.proposer.policy = policy
         if pool is not None:
-            pool.restore(before[0])
-        vars(metrics).update(before[1])
-        vars(self.step_timer).update(before[2])
+            pool.restore(pooled)
+        (m.num_draft_tokens, m.num_accepted_tokens, m.num_verify_steps,
+         m.accepted_per_step) = counts
+        vars(self.step_timer).update(timer)
 
-    def _serve_internal(self, params: SamplingParams) -> None:
-        """One internal request ("Hello") stepped to its end."""
+    def _serve_internal(self, ids: list[int], params: SamplingParams) -> None:
+        """One internal request of prompt ``ids`` stepped to its end."""
         rid = "__warmup__"
-        self.add_request(rid, self.tokenizer.encode("Hello") or [0], params)
+        self.add_request(rid, ids, params)
         while rid in self.seqs:
             self.step()
 
