@@ -176,6 +176,7 @@ def test_a_pool_priced_out_only_at_the_measured_price_benches_and_sends_scouts()
     assert [p.benched(s) for s in new] == [True] * 7 + [False]
     scout = new[7]
     assert p.would_draft(scout) == p.num_drafts(scout) == 3
+    assert p.num_drafts_after(scout, 0, 0) == 3   # drafting ahead plans as num_drafts answers
     p.record(scout, 3, 3)
     assert p.num_drafts(scout) == 3
     p.shared.interval = 32   # as after scouts that found drafts priced out

@@ -186,7 +186,7 @@ class DraftLengthPolicy:
             return 0
         if num_drafts:
             e = _updated(e, num_drafts, num_accepted, self.decay)
-        return self._best(e.successes / e.trials)
+        return self._best(e.successes / e.trials, e.open_scout)
 
     def _best(self, acceptance: float, model_price: bool = False) -> int:
         """The m in 0..k of the highest E(m) / C(m) at this step's costs (``model_price``:
