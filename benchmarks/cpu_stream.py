@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -146,38 +145,30 @@ def main() -> None:
     if a.serve_port:
         serve(a.serve_port, a.step_ms, a.cprofile, a.http, a.loop)
         return
-    from mtpserve.bench.server_proc import free_port
-    from mtpserve.parent_death import die_with_parent
-    from mtpserve.server.wait_ready import EXIT_READY, wait_ready
+    import signal
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(a.step_ms),
-           "--http", a.http, "--loop", a.loop]
-    if a.cprofile:
-        cmd += ["--cprofile", a.cprofile]
-    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
-    try:
-        if wait_ready(url, 60, interval_s=0.1) != EXIT_READY:
-            raise SystemExit(f"the server on {url} did not get ready")
+    from mtpserve.bench.server_proc import ServerProcess
+
+    def command(port: int) -> list[str]:
+        return ([sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(a.step_ms),
+                 "--http", a.http, "--loop", a.loop]
+                + (["--cprofile", a.cprofile] if a.cprofile else []))
+
+    with ServerProcess([], command=command, stop_signal=signal.SIGINT,
+                       ready_timeout_s=60) as server:
+        url, pid = server.url, server.proc.pid
         asyncio.run(_drive(url, 2, 4))   # first requests: imports, JIT of the paths
         for r in range(a.rounds):
-            cpu0, steps0, t0 = _cpu_seconds(proc.pid), httpx.get(url + "/steps").json()["steps"], \
+            cpu0, steps0, t0 = _cpu_seconds(pid), httpx.get(url + "/steps").json()["steps"], \
                 time.perf_counter()
             got = asyncio.run(_drive(url, a.concurrency, a.tokens))
             wall = time.perf_counter() - t0
-            cpu = _cpu_seconds(proc.pid) - cpu0
+            cpu = _cpu_seconds(pid) - cpu0
             steps = httpx.get(url + "/steps").json()["steps"] - steps0
             print(json.dumps(dict(round=r, tokens=got, wall_s=round(wall, 3),
                                   server_cpu_us_per_token=round(cpu / got * 1e6, 1),
                                   steps_per_s=round(steps / wall, 1),
                                   ideal_steps_per_s=round(1e3 / a.step_ms, 1))), flush=True)
-    finally:
-        proc.send_signal(2)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import random
 import re
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -266,24 +265,17 @@ def main() -> None:
         return
     if not os.path.isfile(os.path.join(ckpt, "model.safetensors")):
         make_checkpoint(ckpt)
-    from mtpserve.bench.server_proc import free_port
-    from mtpserve.parent_death import die_with_parent
-    from mtpserve.server.wait_ready import EXIT_READY, wait_ready
+    import signal
 
-    port = free_port()
-    cmd = [sys.executable, __file__, "--serve-port", str(port), "--checkpoint", ckpt]
-    cmd += ["--async-scheduling"] * a.async_scheduling
-    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
-    try:
-        if wait_ready(f"http://127.0.0.1:{port}", 180, interval_s=0.1) != EXIT_READY:
-            raise SystemExit("the server did not get ready")
-        run(a, port)
-    finally:
-        proc.send_signal(2)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    from mtpserve.bench.server_proc import ServerProcess
+
+    def command(port: int) -> list[str]:
+        return ([sys.executable, __file__, "--serve-port", str(port), "--checkpoint", ckpt]
+                + ["--async-scheduling"] * a.async_scheduling)
+
+    with ServerProcess([], command=command, stop_signal=signal.SIGINT,
+                       ready_timeout_s=180) as server:
+        run(a, server.port)
 
 
 if __name__ == "__main__":

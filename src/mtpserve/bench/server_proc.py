@@ -36,6 +36,10 @@ def serve_command(flags: list[str], port: int) -> list[str]:
 
 class ServerProcess:
     """Context manager: ``mtpserve serve`` with ``flags`` in a subprocess; ``url`` once entered.
+    ``command``: ``port -> argv`` of another server to start instead (benchmarks/cpu_stream.py
+    and cpu_ttft.py run themselves as the server), awaited and stopped the same way;
+    ``stop_signal``: what stops it (SIGINT lets such a uvicorn server run its ``finally``
+    blocks: uvicorn re-raises a caught SIGTERM, whose default action ends the process).
 
     Its stdout and stderr go to ``log_path`` (default: a temporary file, removed after a clean
     run, kept when the server failed).
@@ -48,8 +52,11 @@ class ServerProcess:
 
     def __init__(self, flags: list[str], *, ready_timeout_s: float = 600.0,
                  stop_timeout_s: float = 30.0, log_path: str | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, command=None,
+                 stop_signal: int = signal.SIGTERM):
         self.flags = list(flags)
+        self.command = command or (lambda port: serve_command(self.flags, port))
+        self.stop_signal = stop_signal
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.ready_timeout_s = ready_timeout_s
@@ -61,7 +68,7 @@ class ServerProcess:
 
     def __enter__(self) -> "ServerProcess":
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(serve_command(self.flags, self.port), stdout=log,
+            self.proc = subprocess.Popen(self.command(self.port), stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                          preexec_fn=die_with_parent)
@@ -105,12 +112,12 @@ class ServerProcess:
         return f"\n--- last lines of {self.log_path}:\n" + "\n".join(tail)
 
     def stop(self) -> int | None:
-        """SIGTERM, wait ``stop_timeout_s``, then SIGKILL; returns the exit code (None if never
-        started)."""
+        """``stop_signal`` (SIGTERM), wait ``stop_timeout_s``, then SIGKILL; returns the exit
+        code (None if never started)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(self.stop_signal)
             try:
                 self.proc.wait(self.stop_timeout_s)
             except subprocess.TimeoutExpired:
