@@ -18,9 +18,9 @@ off for good; a fresh review found it with the first version of this script).
 Each phase is ``LOAD:ACCEPT:STEPS`` (running requests, per-draft acceptance, engine steps);
 ACCEPT ``=J`` accepts exactly the first J drafts of every verify (as ``gpu_mtp_speedup.py``
 forces them), else each draft is accepted with that probability. Prints, per phase: decode
-tokens/s under the step-time model, steps, drafting steps, requests started (normal / scout / benched), scout
-steps (a scout decoding in a step: the MTP observes it), the pooled acceptance, the gate's
-measured tokens/s at batch 1 (drafting, plain) and the scout interval.
+tokens/s under the step-time model, steps, drafting steps, requests started (normal / scout /
+benched), scout steps (a scout decoding in a step: the MTP observes it), the pooled acceptance,
+the gate's measured tokens/s at batch 1 (drafting, plain) and the scout interval.
 """
 
 from __future__ import annotations

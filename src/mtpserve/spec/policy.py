@@ -13,16 +13,16 @@ The policy picks the m in 0..k that maximises E(m) / C(m); m = 0 means plain dec
 
 a is estimated per request from its own verify steps with exponential forgetting: each step that
 verified m drafts and accepted j adds j successes out of j + (1 if j < m else 0) trials (the
-maximum-likelihood count for a truncated geometric). Before any evidence the estimate starts at
-the acceptance pooled over earlier requests (shared_acceptance.py; ``prior`` while there is
-none); while a request does not draft, its estimate slowly returns there, so that it tries again
-later. A request that starts priced out (no m pays at batch 1's price nor the step's: measured
-where they are, the cost model's before) is benched for good, unless it is that module's scout, which drafts
-until its first verify even on steps the load gate vetoes (no other request drafts on those),
-priced by the cost model until then. Priced out at the model's price alone, a pool between that
-price and the measured one (e.g. after a spell of rejected drafts) benched nobody and sent no
-scout, while no request's estimate paid the measured price: nothing drafted, so the pool never
-heard that drafts paid again (session 16: benchmarks/cpu_policy_sim.py --measured-prices).
+maximum-likelihood count for a truncated geometric). Before any evidence the estimate starts at the
+acceptance pooled over earlier requests (shared_acceptance.py; ``prior`` while there is none); while
+a request does not draft, its estimate slowly returns there, so that it tries again later. A request
+that starts priced out (no m pays at batch 1's price nor the step's: measured where they are, the
+cost model's before) is benched for good, unless it is that module's scout, which drafts until its
+first verify even on steps the load gate vetoes (no other request drafts on those), priced by the
+cost model until then. Priced out at the model's price alone, a pool between that price and the
+measured one (e.g. after a spell of rejected drafts) benched nobody and sent no scout, while no
+request's estimate paid the measured price: nothing drafted, so the pool never heard that drafts
+paid again (session 16: benchmarks/cpu_policy_sim.py --measured-prices).
 """
 
 from __future__ import annotations
@@ -194,7 +194,8 @@ class DraftLengthPolicy:
         a = min(acceptance, 0.999)
         if self._costs is None:
             self._costs = [1.0] + [self._relative_cost(m) for m in range(1, self.k + 1)]
-        costs = [1.0 + self.cost * m for m in range(self.k + 1)] if model_price else self._costs
+        costs = ([self._price(m, 1, measured=False) for m in range(self.k + 1)] if model_price
+                 else self._costs)
         best, best_rate = 0, 1.0
         for m in range(1, self.k + 1):
             rate = (1 - a ** (m + 1)) / (1 - a) / costs[m]

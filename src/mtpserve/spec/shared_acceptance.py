@@ -9,21 +9,21 @@ request (spec/mtp.py), so that any of them could draft later. On the H200 an MTP
 drafts were all rejected ran 10-16% slower than plain decoding at 16-64 concurrent requests
 (BENCHMARKS.md, session 13), most of it that upkeep.
 
-So the evidence of all verify steps is pooled here, with exponential forgetting, and a new
-request starts from the pooled estimate (an empirical-Bayes prior: the configured prior with a
-pseudo-count, plus the pooled successes and trials). A request that starts where no draft length
-pays at batch 1's price (policy.py ``priced_out``: measured where it is) is *benched*: it never
-drafts, and the MTP never observes it. One priced-out start in ``scout_every`` goes out as a *scout*
-instead, from the configured prior, so that the pooled estimate keeps learning and speculation
-comes back when the drafts get better. A scout whose own evidence ends priced out confirms the
-bench, and the next one comes twice as many starts later, up to ``max_scout_every``; one that
-found drafts paying brings the interval back to ``scout_every`` (exponential backoff, as the
-load gate's probes: load_gate.py); one that never verified a draft (too short or aborted) leaves
-the interval as it is. A scout drafts even on steps the load gate vetoes, until its first
-verify (policy.py ``allow_drafts``): else, once the pool is priced out and the gate vetoes,
-nothing would draft and neither would ever hear that drafts pay again. Each scout costs its
-batch a few synchronous drafting steps. When the configured prior is priced out at the cost
-model's price (the one an open scout drafts at), nothing can draft and there are no scouts.
+So the evidence of all verify steps is pooled here, with exponential forgetting, and a new request
+starts from the pooled estimate (an empirical-Bayes prior: the configured prior with a pseudo-count,
+plus the pooled successes and trials). A request that starts where no draft length pays, at the
+lower of batch 1's price and the step's (policy.py ``priced_out``: measured where they are), is
+*benched*: it never drafts, and the MTP never observes it. One priced-out start in ``scout_every``
+goes out as a *scout* instead, from the configured prior, so that the pooled estimate keeps learning
+and speculation comes back when the drafts get better. A scout whose own evidence ends priced out
+confirms the bench, and the next one comes twice as many starts later, up to ``max_scout_every``;
+one that found drafts paying brings the interval back to ``scout_every`` (exponential backoff, as
+the load gate's probes: load_gate.py); one that never verified a draft (too short or aborted) leaves
+the interval as it is. A scout drafts even on steps the load gate vetoes, until its first verify
+(policy.py ``allow_drafts``): else, once the pool is priced out and the gate vetoes, nothing would
+draft and neither would ever hear that drafts pay again. Each scout costs its batch a few
+synchronous drafting steps. When the configured prior is priced out at the cost model's price (the
+one an open scout drafts at), nothing can draft and there are no scouts.
 """
 
 from __future__ import annotations
