@@ -260,19 +260,13 @@ s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile
     --speculative-num-steps 3 2>&1 | tail -14
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
-carry)    # no model needed, about 3 minutes: the adaptive MTP engine's forced-acceptance rows, then
-  # acceptance 1 of 3 for 6 requests and 3 of 3 for 6, the gate and pool carried over (does
-  # drafting come back?), with this tree's policy and, where ./old_policy_154411c.py was
-  # carried, with that one (session 16: priced out at batch 1's measured price)
+carry)    # no model needed, about 2.5 minutes: the adaptive MTP engine's forced-acceptance rows,
+  # then acceptance 1 of 3 for 6 requests and 3 of 3 for 6, the gate and pool carried over (does
+  # drafting come back? session 16 ran 154411c's policy beside it from a carried copy)
   timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive --json "$OUT/adaptive.json" 2>&1 \
     | grep -v "it/s" | grep -v policy
   timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive --carry-over 1 3 --requests 6 \
     --json "$OUT/carry.json" 2>&1 | grep -v "it/s"
-  if [ -f old_policy_154411c.py ]; then
-    rm -rf /tmp/oldsrc && cp -r src /tmp/oldsrc && cp old_policy_154411c.py /tmp/oldsrc/mtpserve/spec/policy.py
-    PYTHONPATH=/tmp/oldsrc:$PYTHONPATH timeout 100 python3 benchmarks/gpu_mtp_speedup.py --adaptive \
-      --carry-over 1 3 --requests 6 --json "$OUT/carry_old.json" 2>&1 | grep -v "it/s"
-  fi
   ;;
 first)    # no model needed, about 1.5 minutes: the adaptive MTP engine's first request under
   # cProfile (where the first-use stall of row 0 goes), then the forced rows
