@@ -19,11 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-# off: every kernel launches in plain stream order (benchmarks/gpu_decode.py --compare no_pdl)
+# off: every kernel launches in plain stream order (benchmarks/gpu_decode.py --pdl-compare)
 ENABLED = True
-# on: each kernel lets the next one launch before it waits for the previous one (see pdl_wait;
-# benchmarks/gpu_decode.py --compare early_trigger)
-EARLY_TRIGGER = False
 
 
 @functools.cache
@@ -37,26 +34,16 @@ def enabled(x: torch.Tensor) -> bool:
 
 
 def launch(x: torch.Tensor) -> dict:
-    """Keyword arguments for a Triton launch over ``x``: the kernel's ``PDL`` constexpr (0: off,
-    1: wait then let the next kernel launch, 2: the other way round, EARLY_TRIGGER) and Triton's
-    ``launch_pdl`` option (``enabled(x)``)."""
+    """Keyword arguments for a Triton launch over ``x``: the kernel's ``PDL`` constexpr and
+    Triton's ``launch_pdl`` option, both ``enabled(x)``."""
     on = enabled(x)
-    return {"PDL": (2 if EARLY_TRIGGER else 1) if on else 0, "launch_pdl": on}
+    return {"PDL": on, "launch_pdl": on}
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
-    """Wait for the previous kernel and let the next one launch (no-op when PDL is 0, as under
-    Triton's CPU interpreter).
-
-    ``PDL == 2`` lets the next kernel launch first. That is still safe: a kernel's wait returns
-    only once the previous kernel has completed and its stores are visible, and the previous
-    kernel completes only after its own wait returned, so the order holds down the chain. The
-    next kernel's programs then get ready on free SMs while this one still waits; they launch
-    only once all of this kernel's programs are resident, so none can starve it."""
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    elif PDL:
+    """Wait for the previous kernel, then let the next one launch (no-op when PDL is off, and
+    under Triton's CPU interpreter, where PDL is always off)."""
+    if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
