@@ -178,7 +178,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                       eps: float, zero_centered: bool, weight: torch.Tensor,
-                      bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      bias: torch.Tensor | None = None,
+                      tiles: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's residual add, RMSNorm and first product in one launch.
 
     Returns ``(y, s)``: ``s = residual + x`` rounded to x's dtype (``x`` itself when
@@ -192,6 +193,7 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
     Args:
         x, residual: [M, K], M <= MAX_ROWS, of the weight's dtype; norm_weight: [K].
         eps: added to mean(s^2); weight: [N, K] contiguous along K; bias: [N] or None.
+        tiles: :func:`tile_config`'s keys to override (benchmarks/gpu_gemv.py).
 
     Raises:
         ValueError: as :func:`gemv`, or a residual of another shape or dtype than ``x``.
@@ -200,7 +202,7 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not match x "
                          f"{tuple(x.shape)} {x.dtype}")
     x = _check(x, weight, weight.shape[1])
-    cfg = _prologue_tiles(weight, split_k=1)   # the row scale needs the whole row
+    cfg = _prologue_tiles(weight, **(tiles or {}), split_k=1)   # the scale needs whole rows
     s = x if residual is None else torch.empty_like(x)
     r = x if residual is None else residual.contiguous()
     y = _launch(x, weight, bias, cfg, prologue=1, r=r, norm_weight=norm_weight, s=s,
@@ -208,23 +210,27 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
     return y, s
 
 
-def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  tiles: dict | None = None) -> torch.Tensor:
     """``silu(x[:, :K]) * x[:, K:]`` (SwiGLU, Shazeer 2020) then ``@ weight^T (+ bias)`` in one
     launch, for ``x`` [M, 2K] (a gate/up product's output, M <= MAX_ROWS) and ``weight``
     [N, K]; returns [M, N]. The activation is computed and rounded as
     ``fused_triton.silu_and_mul`` does, so the result equals ``gemv(silu_and_mul(x), weight)``
-    bit for bit. Raises ``ValueError`` as :func:`gemv` (``x`` must be 2K wide)."""
+    bit for bit. ``tiles``: :func:`tile_config`'s keys to override. Raises ``ValueError`` as
+    :func:`gemv` (``x`` must be 2K wide)."""
     K = weight.shape[1]
     x = _check(x, weight, 2 * K)
-    cfg = _prologue_tiles(weight)
+    cfg = _prologue_tiles(weight, **(tiles or {}))
     return _launch(x, weight, bias, cfg, prologue=2)
 
 
 def _prologue_tiles(weight: torch.Tensor, **overrides) -> dict:
-    """:func:`tile_config` for ``weight`` with its chunk at most PROLOGUE_MAX_BLOCK_K wide."""
+    """:func:`tile_config` for ``weight`` with its chunk at most PROLOGUE_MAX_BLOCK_K wide, then
+    ``overrides``."""
     cfg = tile_config(*weight.shape)
-    return dict(cfg, block_k=min(cfg["block_k"], PROLOGUE_MAX_BLOCK_K), **overrides)
+    cfg = dict(cfg, block_k=min(cfg["block_k"], PROLOGUE_MAX_BLOCK_K))
+    cfg.update(overrides)
+    return cfg
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, width: int) -> torch.Tensor:
