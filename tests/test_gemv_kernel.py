@@ -15,25 +15,9 @@ print("RESULT", gemv_check.check_split_k("cpu"))
 """
 
 
-_PROLOGUES = """
-from mtpserve.kernels import gemv_triton
-import gemv_check
-print("RESULT", gemv_check.check_prologues("cpu"))
-"""
-
-
 def test_gemv_split_k_under_triton_interpreter():
     """check_split_k("cpu") of tests/gemv_check.py: a [40, 300] float32 weight, splits 1, 2, 3
     and 8 (the last split shorter than the others), within 1e-5 of the reference, with and
     without bias, row-invariant, repeatable bit for bit, counters back to zero."""
     worst = float(run_interpreted(_CODE, timeout=300))
-    assert 0 < worst < 1e-5
-
-
-def test_gemv_prologues_under_triton_interpreter():
-    """check_prologues("cpu") of tests/gemv_check.py: SiLU-and-mul in the down product's
-    prologue gives gemv(silu_and_mul(x)) bit for bit; residual add + RMSNorm in the product's
-    prologue returns the exact sum and a product within 1e-5 of the float32 reference (both
-    norm weight conventions, with and without a residual); rows are independent of the batch."""
-    worst = float(run_interpreted(_PROLOGUES, timeout=300))
     assert 0 < worst < 1e-5

@@ -308,7 +308,7 @@ def test_fused_kernels_match_their_torch_references(dtype):
     """Each layer on CUDA (Triton) against the same layer on the CPU (plain PyTorch)."""
     from types import SimpleNamespace
 
-    from mtpserve.layers.activation import silu_and_mul
+    from mtpserve.layers.activation import SiluAndMul
     from mtpserve.layers.norm import RMSNorm
     from mtpserve.layers.rotary import RotaryEmbedding
 
@@ -324,7 +324,7 @@ def test_fused_kernels_match_their_torch_references(dtype):
         norm.weight.data.normal_(0.5, 0.3, generator=g)
         assert close(norm.cuda()(x.cuda()), norm.cpu()(x.float()).to(dtype))
     h = torch.randn(11, 2 * 1536, generator=g).to(dtype)
-    assert close(silu_and_mul(h.cuda()), silu_and_mul(h.float()).to(dtype))
+    assert close(SiluAndMul()(h.cuda()), SiluAndMul()(h.float()).to(dtype))
     cfg = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     for head_dim, rot in ((64, 64), (256, 64)):
         rope = RotaryEmbedding(head_dim, rot, 512, cfg)
@@ -470,18 +470,6 @@ def test_gemv_split_k_on_cuda():
     import gemv_check
 
     assert gemv_check.check_split_k("cuda") < 1e-5
-
-
-def test_gemv_prologues_on_cuda():
-    """tests/gemv_check.py's check_prologues in bfloat16 at Qwen3-1.7B's q/k/v [4096, 2048] and
-    down [2048, 6144] shapes: SiLU-and-mul in the down product's prologue bit-equal to the two
-    launches; residual add + RMSNorm in the q/k/v product's prologue with the exact sum and a
-    product within 1e-2 of float32; rows independent of the batch."""
-    import sys
-    sys.path.insert(0, "tests")
-    import gemv_check
-
-    assert gemv_check.check_prologues("cuda") < 1e-2
 
 
 def _moe_router_check():

@@ -15,7 +15,6 @@ from torch import nn
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
 from mtpserve.kernels import cpu_linear
 from mtpserve.kernels.dispatch import use_gemv
-from mtpserve.layers.activation import silu_and_mul
 
 
 def _divide(n: int, d: int) -> int:
@@ -45,49 +44,7 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._finish(self._product(x, self._product_bias()))
-
-    def forward_add_norm(self, norm, x: torch.Tensor,
-                         residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A pre-norm block's entry: ``(self(h), s)`` where ``(h, s) = norm.add_norm(x,
-        residual)`` (``norm`` an RMSNorm; ``x``, ``residual`` [T, in_features] or residual
-        None). For a few rows on CUDA the add and the norm run in the product's prologue
-        (kernels/gemv_triton.py ``add_rms_norm_gemv``: equal to the dtype's precision)."""
-        if self._prologue_on(x, "NORM_PROLOGUE"):
-            from mtpserve.kernels.gemv_triton import add_rms_norm_gemv
-
-            y, s = add_rms_norm_gemv(x, residual, norm.weight, norm.eps, norm.zero_centered,
-                                     self.weight, self._product_bias())
-            return self._finish(y), s
-        h, s = norm.add_norm(x, residual)
-        return self(h), s
-
-    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """``self(silu_and_mul(x))`` for ``x`` [T, 2 * in_features] (a SwiGLU's gate/up output).
-        For a few rows on CUDA the activation runs in the product's prologue
-        (kernels/gemv_triton.py ``silu_mul_gemv``: the same bits)."""
-        if x.dim() == 2 and self._prologue_on(x, "SILU_MUL_PROLOGUE"):
-            from mtpserve.kernels.gemv_triton import silu_mul_gemv
-
-            return self._finish(silu_mul_gemv(x, self.weight, self._product_bias()))
-        return self(silu_and_mul(x))
-
-    def _prologue_on(self, x: torch.Tensor, switch: str) -> bool:
-        """Whether the product over ``x`` takes the skinny kernel with the prologue ``switch``
-        of kernels/gemv_triton.py turned on."""
-        if not use_gemv(x, self.weight):
-            return False
-        from mtpserve.kernels import gemv_triton
-
-        return getattr(gemv_triton, switch)
-
-    def _product_bias(self) -> torch.Tensor | None:
-        """The bias the product adds itself."""
-        return self.bias
-
-    def _finish(self, y: torch.Tensor) -> torch.Tensor:
-        """The layer's output from its product ``y`` (here ``y`` itself)."""
-        return y
+        return self._product(x, self.bias)
 
     def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
@@ -173,9 +130,6 @@ class RowParallelLinear(LinearBase):
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
-    def _product_bias(self) -> None:
-        return None   # added once, after the reduction
-
-    def _finish(self, y: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(y)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = tp_all_reduce(self._product(x, None))
         return y if self.bias is None else y + self.bias

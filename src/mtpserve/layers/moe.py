@@ -17,6 +17,7 @@ from torch import nn
 from mtpserve.config import ModelConfig
 from mtpserve.distributed import get_tp_rank, get_tp_size, tp_all_reduce
 from mtpserve.kernels.dispatch import use_gemv, use_triton
+from mtpserve.layers.activation import SiluAndMul
 from mtpserve.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
 
@@ -27,9 +28,10 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2)
         self.down_proj = RowParallelLinear(intermediate, hidden)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward_silu_mul(self.gate_up_proj(x))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class FusedExperts(nn.Module):

@@ -16,6 +16,7 @@ from torch import nn
 from mtpserve.config import ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
 from mtpserve.kernels.dispatch import use_triton
+from mtpserve.layers.activation import SiluAndMul
 from mtpserve.layers.attention import Attention
 from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mtpserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -45,19 +46,15 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
                               (scale or cfg.head_dim) ** -0.5, layer_idx)
 
-    def forward(self, rope, norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None,
-                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block with its pre-norm: ``x = residual + h`` (``h`` when ``residual`` is None),
-        all [T, hidden]; returns ``(attention(norm(x)), x)``. ``rope`` from
-        ``RotaryEmbedding.lookup``. Writes this step's K/V into the layer's cache in ``batch``.
-        (The add and the norm run in the q/k/v product where ``forward_add_norm`` fuses them.)
-        """
-        qkv, residual = self.qkv_proj.forward_add_norm(norm, h, residual)
+    def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """``x`` [T, hidden] (normed) -> [T, hidden]; ``rope`` from ``RotaryEmbedding.lookup``.
+        Writes this step's K/V into the layer's cache in ``batch``."""
+        qkv = self.qkv_proj(x)
         if use_triton(qkv):
             out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
         else:
             out = self._qk_rope_attend(qkv, rope, batch)
-        return self.o_proj(out), residual
+        return self.o_proj(out)
 
     def _qk_rope_attend(self, qkv: torch.Tensor, rope, batch: ForwardBatch) -> torch.Tensor:
         """The reference (CPU) path: q/k norms, RoPE, then ``Attention`` writes K/V and attends."""
@@ -92,14 +89,10 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
+        self.act = SiluAndMul()
 
-    def forward(self, norm: RMSNorm, h: torch.Tensor,
-                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block with its pre-norm: ``x = residual + h`` [T, hidden]; returns
-        ``(mlp(norm(x)), x)`` (the add, the norm and the activation run in the products where
-        ``forward_add_norm`` and ``forward_silu_mul`` fuse them)."""
-        gate_up, residual = self.gate_up_proj.forward_add_norm(norm, h, residual)
-        return self.down_proj.forward_silu_mul(gate_up), residual
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -121,8 +114,10 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.self_attn(rope, self.input_layernorm, h, residual, batch)
-        return self.mlp(self.post_attention_layernorm, h, residual)
+        h, residual = self.input_layernorm.add_norm(h, residual)
+        h = self.self_attn(rope, h, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
