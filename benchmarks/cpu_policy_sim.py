@@ -8,16 +8,19 @@ accepted with the phase's probability; step times come from a linear model (plai
 ``--plain-ms`` + ``--per-seq-ms`` per sequence; a drafting step that much times 1 + 0.1 per draft,
 plus ``--draft-overhead-ms``, plus ``--switch-ms`` after a plain step), not from a GPU; the
 policy prices drafts by ``--cost-per-draft``, or with ``--measured-prices`` by those step
-times, as the engine does with CUDA graphs. Made to
+times, as the engine does with CUDA graphs, or with ``--step-timer`` as the engine learns them:
+the model's time without the drafting overhead stands for the graph's replay, the rest is host
+time learned by the engine's own StepTimer (engine/step_timer.py) on the simulated clock. Made to
 try rules for scouts and the gate's probes on the CPU before spending device time on them
 (session 15: a rule that stopped scouts where the gate vetoes turned out to switch speculation
 off for good; a fresh review found it with the first version of this script).
 
     python benchmarks/cpu_policy_sim.py --phases 1:0.9:2000 64:0:3000 1:0:3000 1:0.9:20000
 
-Each phase is ``LOAD:ACCEPT:STEPS`` (running requests, per-draft acceptance, engine steps);
-ACCEPT ``=J`` accepts exactly the first J drafts of every verify (as ``gpu_mtp_speedup.py``
-forces them), else each draft is accepted with that probability. Prints, per phase: decode
+Each phase is ``LOAD:ACCEPT:STEPS[:OVERHEAD_MS]`` (running requests, per-draft acceptance,
+engine steps, and a drafting overhead other than ``--draft-overhead-ms``, e.g. a slow spell of
+the host); ACCEPT ``=J`` accepts exactly the first J drafts of every verify (as
+``gpu_mtp_speedup.py`` forces them), else each draft is accepted with that probability. Prints, per phase: decode
 tokens/s under the step-time model, steps, drafting steps, requests started (normal / scout /
 benched), scout steps (a scout decoding in a step: the MTP observes it), the pooled acceptance,
 the gate's measured tokens/s at batch 1 (drafting, plain) and the scout interval.
@@ -30,6 +33,7 @@ import random
 from dataclasses import dataclass, field
 
 from mtpserve.engine.sequence import Sequence
+from mtpserve.engine.step_timer import StepTimer
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.policy import DraftLengthPolicy
@@ -38,19 +42,22 @@ from mtpserve.spec.shared_acceptance import SharedAcceptance
 
 @dataclass
 class Phase:
-    """``load`` running requests, each draft accepted with probability ``accept``, ``steps``."""
+    """``load`` running requests, each draft accepted with probability ``accept``, ``steps``;
+    ``overhead_ms``: this phase's drafting overhead (None: ``--draft-overhead-ms``)."""
 
     load: int
     accept: float
     steps: int
     fixed: int | None = None   # ACCEPT "=J": the first J drafts accepted, the rest rejected
+    overhead_ms: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> "Phase":
-        load, accept, steps = text.split(":")
+        load, accept, steps, *overhead = text.split(":")
+        over = float(overhead[0]) if overhead else None
         if accept.startswith("="):
-            return cls(int(load), 0.0, int(steps), int(accept[1:]))
-        return cls(int(load), float(accept), int(steps))
+            return cls(int(load), 0.0, int(steps), int(accept[1:]), over)
+        return cls(int(load), float(accept), int(steps), overhead_ms=over)
 
     def accepted(self, m: int, rng: random.Random) -> int:
         """Drafts accepted of ``m`` verified."""
@@ -85,6 +92,8 @@ class Sim:
     out: dict = field(default_factory=dict)
     made: int = 0
     prev_drafted: bool = False
+    clock: float = 0.0        # simulated seconds so far (the step timer's clock)
+    timer: StepTimer | None = None
 
     def new_request(self) -> Sequence:
         self.made += 1
@@ -92,18 +101,25 @@ class Sim:
         self.out[seq.request_id] = 1   # its prefill step sampled the first token
         return seq
 
-    def seconds(self, batch: int, drafts: int, drafted: bool) -> float:
-        return self.model_seconds(self.args, batch, drafts, drafted, self.prev_drafted)
+    def seconds(self, batch: int, drafts: int, drafted: bool, phase: Phase) -> float:
+        return self.model_seconds(self.args, batch, drafts, drafted, self.prev_drafted,
+                                  phase.overhead_ms)
 
     @staticmethod
     def model_seconds(a: argparse.Namespace, batch: int, drafts: int, drafted: bool,
-                      after_drafting: bool) -> float:
+                      after_drafting: bool, overhead_ms: float | None = None) -> float:
         """The made-up step time (module doc), seconds."""
-        plain = (a.plain_ms + a.per_seq_ms * batch) / 1e3
+        plain = Sim.device_seconds(a, batch, 0)
         if not drafted:
             return plain
         switch = 0.0 if after_drafting else a.switch_ms / 1e3
-        return plain * (1 + 0.1 * drafts) + a.draft_overhead_ms / 1e3 + switch
+        over = a.draft_overhead_ms if overhead_ms is None else overhead_ms
+        return Sim.device_seconds(a, batch, drafts) + over / 1e3 + switch
+
+    @staticmethod
+    def device_seconds(a: argparse.Namespace, batch: int, drafts: int) -> float:
+        """The part of a step of ``drafts`` per sequence that stands for the graph's replay."""
+        return (a.plain_ms + a.per_seq_ms * batch) / 1e3 * (1 + 0.1 * drafts)
 
     def drafts(self, decoding: list[Sequence]) -> dict[str, int]:
         """Drafts per request this step, as ``Proposer.propose`` decides them."""
@@ -134,7 +150,13 @@ class Sim:
             emitted += 1 + j
         drafted = bool(drafts)
         if decoding and not prefill:
-            secs = self.seconds(len(decoding), max(drafts.values(), default=0), drafted)
+            most = max(drafts.values(), default=0)
+            secs = self.seconds(len(decoding), most, drafted, phase)
+            self.clock += secs
+            if self.timer is not None:   # as the engine records a synchronous step
+                self.timer.record(len(decoding) + sum(drafts.values()), len(decoding), secs,
+                                  self.device_seconds(self.args, len(decoding), most),
+                                  after_plain=not self.prev_drafted, num_drafting=len(drafts))
             pol.record_step(len(decoding), drafted, emitted, secs,
                             switch=drafted and not self.prev_drafted)
             counts.tokens += emitted
@@ -157,16 +179,27 @@ class Sim:
             del self.out[seq.request_id]
 
 
-def build(args: argparse.Namespace) -> DraftLengthPolicy:
+def build(args: argparse.Namespace, sim: Sim) -> DraftLengthPolicy:
     """The MTP's policy: its cost per draft, prior and pool (spec/__init__.py's defaults are
-    not imported: the flags say them, so a run records what it assumed)."""
-    step_cost = None
-    if args.measured_prices:   # what the step timer would have learned: the model's own times
+    not imported: the flags say them, so a run records what it assumed). With ``--step-timer``
+    also the StepTimer it is priced by, on ``sim``'s clock, as spec/__init__.py wires it for
+    an MTP (drafting time flat in m, the proposer's part of ``--cost-per-draft`` taken as 2/28
+    until drafting steps are timed)."""
+    step_cost, measured, beta = None, (lambda: True), 0.0
+    if args.step_timer:
+        timer = sim.timer = StepTimer(drafting_scales=False, max_age=args.max_age,
+                                      clock=lambda: sim.clock)
+
+        def step_cost(tokens: int, seqs: int) -> float:
+            return (Sim.device_seconds(args, seqs, tokens // seqs - 1)
+                    + timer.host_seconds(tokens, seqs))
+        measured, beta = (lambda: timer.drafts_measured), 2.0 / 28
+    elif args.measured_prices:   # what the step timer would have learned: the model's own times
         def step_cost(tokens: int, seqs: int) -> float:
             return Sim.model_seconds(args, seqs, tokens // seqs - 1, tokens > seqs, True)
     return DraftLengthPolicy(args.k, args.cost_per_draft, prior=args.prior, gate=LoadGate(),
-                             shared=SharedAcceptance(), step_cost=step_cost,
-                             drafts_measured=lambda: True)
+                             shared=SharedAcceptance(), step_cost=step_cost, draft_cost=beta,
+                             drafts_measured=measured)
 
 
 def report(i: int, phase: Phase, c: Counts, pol: DraftLengthPolicy) -> str:
@@ -198,8 +231,14 @@ def main() -> None:
     ap.add_argument("--measured-prices", action="store_true",
                     help="price drafts by the step-time model's own times, as the engine's step "
                          "timer and graph timings would (else by --cost-per-draft alone)")
+    ap.add_argument("--step-timer", action="store_true",
+                    help="price drafts as the engine learns them: the replay part of the model's "
+                         "times plus host time learned by a StepTimer on the simulated clock")
+    ap.add_argument("--max-age", type=float, default=10.0,
+                    help="with --step-timer: seconds after which a drafting time is forgotten")
     args = ap.parse_args()
-    sim = Sim(build(args), args, random.Random(args.seed))
+    sim = Sim(None, args, random.Random(args.seed))
+    sim.policy = build(args, sim)
     for i, phase in enumerate(args.phases):
         counts = Counts()
         for _ in range(phase.steps):

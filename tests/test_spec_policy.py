@@ -181,6 +181,53 @@ def test_one_slow_first_drafting_step_does_not_price_drafts_out():
     assert t.host_per_drafting_seq(3) == pytest.approx(0.5 - 0.00173)
 
 
+def test_a_drafting_time_is_forgotten_max_age_seconds_after_its_last_sample():
+    """Each m's drafting time is dropped ``max_age`` seconds after its last sample (plain steps
+    do not refresh it); the m is then priced from the others, or as unmeasured."""
+    from mtpserve.engine.step_timer import StepTimer
+
+    now = [0.0]
+    t = StepTimer(min_samples=1, max_age=30.0, clock=lambda: now[0])
+    t.record(4, 1, 10.0e-3, 1.73e-3)     # m = 3 at t = 0: 8.27 ms of drafting host time
+    now[0] = 20.0
+    t.record(2, 1, 2.23e-3, 1.50e-3)     # m = 1 at t = 20: 0.73 ms
+    t.record(1, 1, 1.30e-3, 1.26e-3)     # a plain step: refreshes nothing
+    now[0] = 29.9
+    assert t.host_per_drafting_seq(3) == pytest.approx(8.27e-3)
+    now[0] = 30.1                        # m = 3 forgotten: priced from m = 1, scaled by m
+    assert t.host_per_drafting_seq(3) == pytest.approx(3 * 0.73e-3)
+    assert t.drafts_measured
+    now[0] = 50.1                        # m = 1 too: nothing measured
+    assert t.host_per_drafting_seq(3) == 0.0 and not t.drafts_measured
+    assert t.host_per_seq == pytest.approx(0.04e-3)   # the per-sequence time stays
+
+
+def test_a_drafting_time_learned_in_a_slow_spell_does_not_stop_drafting_for_good():
+    """A drafting time learned while the host was slow prices drafts out, and where nothing
+    drafts it is never sampled again (with the load gate seeing drafting win, nothing probes
+    it: speculation stayed off for good, a review's finding with the step timer in
+    benchmarks/cpu_policy_sim.py). Once forgotten, the request drafts again."""
+    from mtpserve.engine.step_timer import StepTimer
+
+    now = [0.0]
+    timer = StepTimer(min_samples=1, max_age=30.0, clock=lambda: now[0],
+                      drafting_scales=False)
+    for m in (1, 2, 3):   # 6 ms of drafting host time on top of a 1.26 ms step
+        timer.record(1 + m, 1, 1.26e-3 * (1 + 0.1 * m) + 6e-3, 1.26e-3 * (1 + 0.1 * m))
+
+    def cost(tokens, seqs):
+        return 1.26e-3 * tokens / seqs * 0.1 + 1.26e-3 * 0.9 + timer.host_seconds(tokens, seqs)
+
+    p = DraftLengthPolicy(3, 0.1, prior=0.9, step_cost=cost, draft_cost=0.07,
+                          drafts_measured=lambda: timer.drafts_measured)
+    s = seq()
+    p.set_batch(1)
+    assert p.num_drafts(s) == 0
+    now[0] = 31.0
+    p.set_batch(1)
+    assert p.num_drafts(s) == 3
+
+
 def test_the_first_drafting_step_after_plain_steps_is_not_a_price_per_draft():
     """A drafting step right after plain steps first catches the proposer up and drafts from
     scratch (H200, hybrid MoE MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step

@@ -32,17 +32,30 @@ made ahead (spec/draft_ahead.py). That switch is a one-off cost of the drafting 
 load gate measures whole; priced per draft it made each draft cost 3x what it does (H200, hybrid
 MoE MTP at batch 1: switch steps 5.3-5.8 ms, drafting steps that follow one another ~2.7 ms,
 plain steps 1.26 ms), and drafts that accept every token were priced out.
+
+The drafting time of an m is forgotten ``max_age`` seconds after its last sample. A time learned
+in a slow spell (host contention, a burst of long detokenizations) that prices drafting out is
+never sampled again where nothing drafts, and the load gate does not probe a drafting arm it has
+seen winning: speculation stayed off for good (a review's finding, with this timer in
+benchmarks/cpu_policy_sim.py). Forgotten, the m is priced as before it was measured, drafts if
+that pays, and is learned afresh from its next drafting steps. 10 s: in that simulation a 5 ms
+slow spell left batch 1 at plain speed for good (763 tok/s, 8 drafting steps of 40000), and
+forgotten after 10 s it drafted again within the phase (1432 tok/s); 30 s recovered later
+(864) and cost one row 15% (BENCHMARKS.md, session 17). Where drafting does not pay, a relearn
+costs a few drafting steps per 10 s.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 
 
 class StepTimer:
     """Host seconds per sequence and per drafting sequence (by drafts per sequence m): the
-    median of the last ``window`` samples of each, 0 until ``min_samples`` are seen.
+    median of the last ``window`` samples of each, 0 until ``min_samples`` are seen; an m's
+    samples are dropped ``max_age`` seconds (of ``clock``) after its last one (module doc).
 
     A median, not a mean: one step can take 100x the others (a kernel compiled or a cuDNN plan
     built on first use, a garbage collection, GPU clocks still low), and an estimate that prices
@@ -52,12 +65,15 @@ class StepTimer:
     drafts; the policy explores on the load gate's probes (spec/policy.py).
     """
 
-    def __init__(self, window: int = 15, min_samples: int = 3, drafting_scales: bool = True):
+    def __init__(self, window: int = 15, min_samples: int = 3, drafting_scales: bool = True,
+                 max_age: float = 10.0, clock=time.monotonic):
         self.window, self.min_samples = window, min_samples
         self.drafting_scales = drafting_scales   # see the module doc
+        self.max_age, self.clock = max_age, clock   # seconds; () -> seconds
         self._per_seq: deque = deque(maxlen=window)
         self._drafting: dict[int, deque] = {}   # m -> host seconds per drafting sequence
         self._medians: dict[int, float] = {}     # m -> their median, once min_samples are seen
+        self._sampled_at: dict[int, float] = {}  # m -> clock() of its last sample
         self.host_per_seq = 0.0
 
     def record(self, num_tokens: int, num_seqs: int, wall: float, device: float | None,
@@ -83,19 +99,31 @@ class StepTimer:
         m = max(1, round(drafts / drafting))
         samples = self._drafting.setdefault(m, deque(maxlen=self.window))
         samples.append(left / drafting)
+        self._sampled_at[m] = self.clock()
         if len(samples) >= self.min_samples:
             self._medians[m] = statistics.median(samples)
 
+    def _expire(self) -> None:
+        """Forget each m whose last sample is more than ``max_age`` seconds old (module doc)."""
+        if not self._sampled_at:
+            return
+        old = self.clock() - self.max_age
+        for m in [m for m, t in self._sampled_at.items() if t < old]:
+            del self._sampled_at[m], self._drafting[m]
+            self._medians.pop(m, None)
+
     @property
     def drafts_measured(self) -> bool:
-        """Whether enough steps with drafts were timed for the drafting host time (which then
-        holds the proposer's work) to count."""
+        """Whether enough recent steps with drafts were timed for the drafting host time
+        (which then holds the proposer's work) to count."""
+        self._expire()
         return bool(self._medians)
 
     def host_per_drafting_seq(self, m: int) -> float:
         """Host seconds a sequence verifying ``m`` drafts adds over a plain one (module doc:
         an unmeasured m costs the nearest larger measured m, or the largest one's, scaled by m
-        if ``drafting_scales``)."""
+        if ``drafting_scales``; forgotten ``max_age`` seconds after its last sample)."""
+        self._expire()
         measured = self._medians
         if not measured:
             return 0.0
