@@ -12,6 +12,11 @@ K = 3
 MAX_NEW = 32
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
 ALL_PROMPTS = [p for ps in PROMPT_SETS.values() for p in ps]
+# 12 of the 26 built-in prompts, every set: chat 0 3 5, code 8 11, code-edit 13 16,
+# summarization 17, repetitive 19 21, multilingual 22 25 (all 26 took ~4 min of CI per proposer)
+CONCURRENT = [0, 3, 5, 8, 11, 13, 16, 17, 19, 21, 22, 25]
+# what the tests below compare against the engine without speculation
+REFERENCE = sorted(set(CONCURRENT) | set(range(8)) | {9, 20})
 
 
 def spec_llm(algo, **kw):
@@ -35,7 +40,9 @@ def prompts(smollm2_llm):
 
 @pytest.fixture(scope="module")
 def reference(smollm2_llm, prompts):
-    return [r.outputs[0] for r in smollm2_llm.generate(prompts, GREEDY)]
+    """Prompt index -> the engine's greedy output without speculation, for REFERENCE."""
+    outs = smollm2_llm.generate([prompts[i] for i in REFERENCE], GREEDY)
+    return {i: r.outputs[0] for i, r in zip(REFERENCE, outs)}
 
 
 @pytest.fixture(scope="module", params=["ngram", "draft"])
@@ -58,8 +65,9 @@ def assert_same(engine, prompt, ours, ref):
 
 def test_greedy_equal_with_8_concurrent(spec, prompts, reference, smollm2_llm):
     algo, llm = spec
-    results = llm.generate(prompts, GREEDY)
-    for p, res, ref in zip(prompts, results, reference):
+    results = llm.generate([prompts[i] for i in CONCURRENT], GREEDY)
+    for i, res in zip(CONCURRENT, results):
+        p, ref = prompts[i], reference[i]
         assert_same(smollm2_llm.engine, p, res.outputs[0].token_ids, ref.token_ids)
         assert res.outputs[0].text == ref.text
         assert res.outputs[0].finish_reason == ref.finish_reason
@@ -89,7 +97,7 @@ def test_forced_reject_accepts_nothing_and_loses_nothing(prompts, reference):
     llm = spec_llm("forced_reject")
     results = llm.generate(prompts[:8], GREEDY)
     vocab = llm.engine.model_config.vocab_size
-    for res, ref in zip(results, reference[:8]):
+    for res, ref in zip(results, [reference[i] for i in range(8)]):
         out = res.outputs[0]
         assert out.token_ids == ref.token_ids and out.text == ref.text
         assert all(0 <= t < vocab for t in out.token_ids)
