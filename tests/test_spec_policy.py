@@ -200,6 +200,12 @@ def test_a_drafting_time_is_forgotten_max_age_seconds_after_its_last_sample():
     now[0] = 50.1                        # m = 1 too: nothing measured
     assert t.host_per_drafting_seq(3) == 0.0 and not t.drafts_measured
     assert t.host_per_seq == pytest.approx(0.04e-3)   # the per-sequence time stays
+    for _ in range(3):                   # three slow samples of m = 3 at t = 60 ...
+        now[0] = 60.0
+        t.record(4, 1, 10.0e-3, 1.73e-3)
+    now[0] = 100.0                       # ... then, with no read between, one fast one
+    t.record(4, 1, 2.23e-3, 1.73e-3)
+    assert t.host_per_drafting_seq(3) == pytest.approx(0.46e-3)   # alone, not their median
 
 
 def test_a_drafting_time_learned_in_a_slow_spell_does_not_stop_drafting_for_good():

@@ -41,8 +41,11 @@ benchmarks/cpu_policy_sim.py). Forgotten, the m is priced as before it was measu
 that pays, and is learned afresh from its next drafting steps. 10 s: in that simulation a 5 ms
 slow spell left batch 1 at plain speed for good (763 tok/s, 8 drafting steps of 40000), and
 forgotten after 10 s it drafted again within the phase (1432 tok/s); 30 s recovered later
-(864) and cost one row 15% (BENCHMARKS.md, session 17). Where drafting does not pay, a relearn
-costs a few drafting steps per 10 s.
+(864) and cost one row 15% (one seed; BENCHMARKS.md, session 17). The price: where the host
+stays slow, drafting that stayed off for free now restarts every 10 s, the load gate learns that
+it loses and then probes it within its budget: 2-4% in a review's simulated rows (16 requests
+at 0.7 with a 20 ms drafting overhead: 7461-7605 against 7767 tok/s). An idle spell past 10 s
+also forgets, and the next requests relearn (a switch step and 3 timed drafting steps).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ class StepTimer:
             if len(self._per_seq) >= self.min_samples:
                 self.host_per_seq = statistics.median(self._per_seq)
             return
+        self._expire()   # a fresh sample must not join samples past their age
         drafting = min(num_seqs, num_drafting or num_seqs)
         left = max(0.0, host - self.host_per_seq * num_seqs)
         m = max(1, round(drafts / drafting))
