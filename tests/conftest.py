@@ -10,7 +10,7 @@ import torch
 
 def pytest_configure(config):
     """Under pytest-xdist (scripts/test.sh runs ``-n auto``) each worker takes its share of the
-    cores for torch's threads: two workers of 2 threads each on CI's 2 cores fought over them."""
+    cores for torch's threads (two workers of 2 threads each would oversubscribe CI's 2 cores)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
