@@ -28,9 +28,14 @@ def _supported(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
+def supported(x: torch.Tensor) -> bool:
+    """Whether ``x`` is on a CUDA device of compute capability 9.0 or newer (Hopper)."""
+    return x.is_cuda and _supported(x.device.index or 0)
+
+
 def enabled(x: torch.Tensor) -> bool:
     """Whether kernels working on ``x`` launch with PDL: CUDA, Hopper or newer, ENABLED."""
-    return ENABLED and x.is_cuda and _supported(x.device.index or 0)
+    return ENABLED and supported(x)
 
 
 def launch(x: torch.Tensor) -> dict:
