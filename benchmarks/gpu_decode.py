@@ -172,13 +172,10 @@ def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value)
 
 def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     """The ``recaptured`` timings for each switch named in ``which`` (see ``--compare``)."""
-    from mtpserve.kernels import gemv_triton, l2_prefetch, paged_attention_triton, pdl
+    from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
-                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
-                "no_l2_prefetch": (l2_prefetch, "MAX_BYTES", 0),
-                "l2_prefetch_4m": (l2_prefetch, "MAX_BYTES", 4 << 20),
-                "l2_prefetch_32m": (l2_prefetch, "MAX_BYTES", 32 << 20)}
+                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
@@ -210,13 +207,11 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge", "no_l2_prefetch",
-                             "l2_prefetch_4m", "l2_prefetch_32m"],
+                    choices=["cublas", "no_pdl", "no_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
-                         "programs and a merge kernel, without the L2 prefetch of the next "
-                         "product's weight or with it capped at 4 / 32 MiB "
-                         "(kernels/l2_prefetch.py)")
+                         "programs and a merge kernel, with SiLU-and-mul in the gate/up product's "
+                         "epilogue (half / all of gemv's rows per half)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

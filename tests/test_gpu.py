@@ -419,49 +419,6 @@ def test_fused_qk_norm_rope_kv_write_matches_torch():
     print(_fused_check().check_qk_norm_rope_kv_write("cuda"))
 
 
-@pytest.mark.parametrize("weight_bytes", [(1 << 20) + 48, 24 << 20])
-def test_l2_prefetch_leaves_the_short_kernels_results_unchanged(weight_bytes):
-    """The short kernels that send the next product's weight to L2 (kernels/l2_prefetch.py) give
-    bit-identical outputs with and without the prefetch, eagerly and in a CUDA graph, for a
-    weight just past the 1 MiB floor (its size not a multiple of the 256 chunks) and one past the
-    16 MiB cap; the prefetch is really compiled in on this GPU (256 chunks, bytes as capped)."""
-    from mtpserve.kernels import fused_triton as F
-    from mtpserve.kernels import l2_prefetch
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("bulk L2 prefetch needs compute capability 9.0")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = torch.randn(weight_bytes // 2, device="cuda", dtype=torch.bfloat16, generator=g)
-    x, r = (torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
-            for _ in range(2))
-    nw = torch.rand(2048, device="cuda", dtype=torch.bfloat16, generator=g)
-    gu = torch.randn(1, 2 * 6144, device="cuda", dtype=torch.bfloat16, generator=g)
-    args = l2_prefetch.launch_args(w, x)
-    assert args["PF_CHUNKS"] == 256
-    assert args["pf_bytes"] == min(weight_bytes, l2_prefetch.MAX_BYTES) // 16 * 16
-
-    def run(pf):
-        return (*F.add_rms_norm(x, r, nw, 1e-6, False, prefetch=pf),
-                F.rms_norm(x, nw, 1e-6, True, prefetch=pf), F.silu_and_mul(gu, prefetch=pf))
-
-    plain = run(None)
-    for out in (run(w), _graph_replayed(lambda: run(w))):
-        for a, b in zip(plain, out):
-            assert torch.equal(a, b)
-
-
-def _graph_replayed(fn):
-    """``fn()``'s outputs from a CUDA graph captured over it and replayed once."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return outs
-
-
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_fused_model_forward_matches_cpu(model_type):
     """A tiny model's prefill + decode steps on CUDA (fused kernels, Triton paged attention)
@@ -549,8 +506,7 @@ def test_compiling_ahead_compiles_without_running_then_runs():
     out = torch.zeros(2, 777, device="cuda", dtype=torch.bfloat16)
 
     def launch():
-        kernel[(2, 1)](x, out, x.stride(0), out.stride(0), 777, x, 0, BLOCK=1024, PF_CHUNKS=0,
-                       PDL=False)
+        kernel[(2, 1)](x, out, x.stride(0), out.stride(0), 777, BLOCK=1024, PDL=False)
 
     cache = lambda: kernel.device_caches[torch.cuda.current_device()][0]
     before = len(cache()) if torch.cuda.current_device() in kernel.device_caches else 0

@@ -16,8 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpserve.kernels import l2_prefetch, pdl
-from mtpserve.kernels.l2_prefetch import prefetch_l2
+from mtpserve.kernels import pdl
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -35,10 +34,8 @@ def _weigh(x, r, w, ZERO_CENTERED: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, pf_ptr, pf_bytes,
-                     ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PF_CHUNKS: tl.constexpr,
-                     PDL: tl.constexpr):
-    prefetch_l2(pf_ptr, pf_bytes, PF_CHUNKS)
+def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, ZERO_CENTERED: tl.constexpr,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -49,27 +46,21 @@ def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, pf_ptr, pf_bytes,
     tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool,
-             prefetch: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x`` [..., N] (any float dtype); same shape and dtype.
-    ``prefetch``: the next product's weight, whose first bytes go to L2 meanwhile
-    (kernels/l2_prefetch.py)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` [..., N] (any float dtype); same shape and dtype."""
     shape = x.shape
     x2 = _rows(x)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = shape[-1]
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), n, eps,
                                      ZERO_CENTERED=zero_centered,
-                                     BLOCK=triton.next_power_of_2(n),
-                                     **l2_prefetch.launch_args(prefetch, x2), **pdl.launch(x))
+                                     BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
     return out.view(shape)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, eps, pf_ptr,
-                         pf_bytes, ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr,
-                         PF_CHUNKS: tl.constexpr, PDL: tl.constexpr):
-    prefetch_l2(pf_ptr, pf_bytes, PF_CHUNKS)
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, eps,
+                         ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -86,16 +77,13 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, 
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool,
-                 prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 zero_centered: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add then RMSNorm in one kernel: returns ``(rms_norm(s), s)`` with
     ``s = residual + x`` rounded to ``x.dtype``.
 
     Args:
         x, residual: [..., N], same shape and float dtype (the last dim contiguous or not).
         weight: [N] norm weight (``w - 1`` when ``zero_centered``); eps: added to mean(x^2).
-        prefetch: the next product's weight, whose first bytes go to L2 meanwhile
-            (kernels/l2_prefetch.py).
 
     Returns new tensors (the inputs are not modified), both shaped like ``x`` in ``x.dtype``;
     equal to ``residual + x`` followed by :func:`rms_norm` (the sum is computed in float32 and
@@ -114,9 +102,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, total, x2.stride(0), r2.stride(0),
                                          out.stride(0), total.stride(0), n, eps,
                                          ZERO_CENTERED=zero_centered,
-                                         BLOCK=triton.next_power_of_2(n),
-                                         **l2_prefetch.launch_args(prefetch, x2),
-                                         **pdl.launch(x))
+                                         BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
     return out.view(shape), total.view(shape)
 
 
@@ -127,9 +113,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, pf_ptr, pf_bytes, BLOCK: tl.constexpr,
-                     PF_CHUNKS: tl.constexpr, PDL: tl.constexpr):
-    prefetch_l2(pf_ptr, pf_bytes, PF_CHUNKS)
+def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -140,17 +124,14 @@ def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, pf_ptr, pf_bytes, BLOCK: tl.conste
     tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
-    """``silu(x[:, :n]) * x[:, n:]`` for ``x`` [T, 2n]; returns [T, n]. ``prefetch``: the next
-    product's weight, whose first bytes go to L2 meanwhile (kernels/l2_prefetch.py)."""
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :n]) * x[:, n:]`` for ``x`` [T, 2n]; returns [T, n]."""
     T, two_n = x.shape
     n = two_n // 2
     out = torch.empty(T, n, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(n))
     _silu_mul_kernel[(T, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), n,
-                                                 BLOCK=block,
-                                                 **l2_prefetch.launch_args(prefetch, x),
-                                                 **pdl.launch(x))
+                                                 BLOCK=block, **pdl.launch(x))
     return out
 
 
@@ -224,11 +205,9 @@ def _norm_rope_head(src, dst, w_ptr, cos_row, sin_row, eps, D: tl.constexpr,
 @triton.jit
 def _qk_norm_rope_kv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr,
                             kc_ptr, vc_ptr, s_qkv, s_qh, k_off, v_off, s_q, s_kc, s_vc, s_tab,
-                            eps, pf_ptr, pf_bytes, HQ: tl.constexpr, D: tl.constexpr,
-                            HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-                            ZERO_CENTERED: tl.constexpr, PF_CHUNKS: tl.constexpr,
-                            PDL: tl.constexpr):
-    prefetch_l2(pf_ptr, pf_bytes, PF_CHUNKS)
+                            eps, HQ: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+                            ZERO_CENTERED: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)             # 0..HQ-1: query heads; HQ..: key/value heads
@@ -255,8 +234,8 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
                           k_cache: torch.Tensor, v_cache: torch.Tensor,
                           slot_mapping: torch.Tensor, q_weight: torch.Tensor | None = None,
                           k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                          zero_centered: bool = False, q_head_stride: int | None = None,
-                          prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                          zero_centered: bool = False,
+                          q_head_stride: int | None = None) -> torch.Tensor:
     """The attention block between the QKV GEMM and attention, in one kernel.
 
     For each token t: RMSNorm of each query and key head over its ``head_dim`` channels when
@@ -283,8 +262,6 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
             K/V write (this code base pads CUDA graphs with a real spare slot instead).
         q_weight, k_weight: [head_dim] norm weights (both or neither); eps: the norms' epsilon;
             zero_centered: the weights store ``w - 1``.
-        prefetch: the next product's weight (the o projection's), whose first bytes go to L2
-            meanwhile (kernels/l2_prefetch.py).
 
     Returns:
         q [T, num_heads, head_dim] in qkv's dtype.
@@ -307,7 +284,7 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
         qkv.stride(0), qs, k_off, k_off + num_kv_heads * D, q.stride(0), k_cache.stride(0),
         v_cache.stride(0), cos.stride(0), eps, HQ=num_heads, D=D, HALF=rot // 2,
         BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered,
-        **l2_prefetch.launch_args(prefetch, qkv), **pdl.launch(qkv))
+        **pdl.launch(qkv))
     return q
 
 

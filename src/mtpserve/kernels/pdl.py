@@ -6,7 +6,8 @@ programs may start while the previous kernel is still running: each of our kerne
 until the previous kernel has finished and its stores are visible (``griddepcontrol.wait``),
 before it reads or writes anything, and then lets the next kernel launch
 (``griddepcontrol.launch_dependents``), whose programs get ready while this one works. (An L2
-prefetch of the weights before the wait was measured and dropped: BENCHMARKS.md.) Kernels not launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the
+prefetch of the weights before the wait was measured and dropped, and so was a bulk L2 prefetch
+of the next product's weight issued by the short kernel before it: BENCHMARKS.md, sessions 5, 18.) Kernels not launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the
 wait returns at once after them. CUDA graphs keep these edges when a step is captured.
 See the CUDA programming guide, "Programmatic Dependent Launch and Synchronization".
 """
@@ -28,14 +29,9 @@ def _supported(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def supported(x: torch.Tensor) -> bool:
-    """Whether ``x`` is on a CUDA device of compute capability 9.0 or newer (Hopper)."""
-    return x.is_cuda and _supported(x.device.index or 0)
-
-
 def enabled(x: torch.Tensor) -> bool:
     """Whether kernels working on ``x`` launch with PDL: CUDA, Hopper or newer, ENABLED."""
-    return ENABLED and supported(x)
+    return ENABLED and x.is_cuda and _supported(x.device.index or 0)
 
 
 def launch(x: torch.Tensor) -> dict:

@@ -10,14 +10,12 @@ from mtpserve.kernels.dispatch import use_triton
 
 
 class SiluAndMul(nn.Module):
-    """SwiGLU gate (Shazeer 2020): ``silu(x[..., :d]) * x[..., d:]``; [..., 2d] -> [..., d].
-    ``prefetch``: the down projection's weight, whose first bytes the CUDA kernel sends to L2
-    meanwhile (kernels/l2_prefetch.py); ignored on the CPU."""
+    """SwiGLU gate (Shazeer 2020): ``silu(x[..., :d]) * x[..., d:]``; [..., 2d] -> [..., d]."""
 
-    def forward(self, x: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x) and x.dim() == 2:
             from mtpserve.kernels import fused_triton
 
-            return fused_triton.silu_and_mul(x, prefetch)
+            return fused_triton.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

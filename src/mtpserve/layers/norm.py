@@ -18,8 +18,6 @@ class RMSNorm(nn.Module):
     ``forward(x, residual)`` (residual like x): the pre-norm decoder's residual add fused in
     front of the norm (as vLLM / SGLang's ``fused_add_rms_norm``): ``s = residual + x`` in x's
     dtype, returns ``(norm(s), s)``; on CUDA one Triton kernel, on the CPU exactly the two ops.
-    ``prefetch`` (either form): the weight of the product that reads the result, whose first
-    bytes the CUDA kernel sends to L2 meanwhile (kernels/l2_prefetch.py); ignored on the CPU.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, zero_centered: bool = False):
@@ -29,31 +27,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.zero_centered = zero_centered
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                prefetch: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return self._norm(x, prefetch)
-        return self.add_norm(x, residual, prefetch)
+            return self._norm(x)
+        return self.add_norm(x, residual)
 
-    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
-                 prefetch: torch.Tensor | None = None):
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
         """``(norm(residual + x), residual + x)``; with no residual yet (a decoder's first layer,
         or a model without layers) ``(norm(x), x)``."""
         if residual is None:
-            return self._norm(x, prefetch), x
+            return self._norm(x), x
         if use_triton(x):
             from mtpserve.kernels import fused_triton
 
             return fused_triton.add_rms_norm(x, residual, self.weight, self.eps,
-                                             self.zero_centered, prefetch)
+                                             self.zero_centered)
         s = residual + x
         return self._norm(s), s
 
-    def _norm(self, x: torch.Tensor, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x):
             from mtpserve.kernels import fused_triton
 
-            return fused_triton.rms_norm(x, self.weight, self.eps, self.zero_centered, prefetch)
+            return fused_triton.rms_norm(x, self.weight, self.eps, self.zero_centered)
         if not self.zero_centered:
             # one C++ op; bit-identical to the float32 formula below for float32 input
             return F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype) * self.weight

@@ -79,7 +79,7 @@ class LlamaAttention(nn.Module):
         return fused_triton.qk_norm_rope_kv_write(
             qkv, self.attn.num_heads, self.attn.num_kv_heads, self.head_dim, positions,
             self.rotary.cos, self.rotary.signed_sin, k_cache, v_cache, batch.slot_mapping,
-            prefetch=self.o_proj.weight, **norms)
+            **norms)
 
 
 class LlamaMLP(nn.Module):
@@ -92,7 +92,7 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x), prefetch=self.down_proj.weight))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -114,12 +114,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        # each short kernel sends the next product's weight to L2 (kernels/l2_prefetch.py)
-        h, residual = self.input_layernorm.add_norm(h, residual,
-                                                    prefetch=self.self_attn.qkv_proj.weight)
+        h, residual = self.input_layernorm.add_norm(h, residual)
         h = self.self_attn(rope, h, batch)
-        h, residual = self.post_attention_layernorm(h, residual,
-                                                    prefetch=self.mlp.gate_up_proj.weight)
+        h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
 
