@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,7 @@ class ModelRunner:
 
     # ---- start-up ------------------------------------------------------------------------
     def _load_model(self, files, max_model_len: int) -> torch.nn.Module:
+        t0 = time.perf_counter()
         cls = model_class(self.model_config)
         prev = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -79,6 +81,9 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(prev)
         model.load_weights((n, t.to(self.dtype)) for n, t in files.iter_weights())
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        logger.info("model weights loaded: %.2f GiB on %s in %.1f s", nbytes / 2**30, self.device,
+                    time.perf_counter() - t0)
         added = cpu_linear.pack_model_linears(model)
         if added:
             logger.info("packed float32 CPU weights for multi-row matmuls (+%.0f MiB)", added / 2**20)

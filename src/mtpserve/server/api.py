@@ -162,7 +162,9 @@ def make_engine(config: EngineConfig, warmup: bool = True,
         return ProcessEngine(config, warmup=warmup)
 
     def factory():
-        from mtpserve.engine.engine import LLMEngine
+        t0 = time.perf_counter()
+        from mtpserve.engine.engine import LLMEngine   # torch and the model code: seconds
+        logger.info("engine modules imported in %.1f s", time.perf_counter() - t0)
         return LLMEngine(config)
     return AsyncEngine(factory, warmup=warmup)
 
