@@ -252,6 +252,7 @@ s18)      # no model needed, about 4 minutes: time to ready (fresh, warm) with l
   python3 -X importtime -c "import mtpserve.cli, mtpserve.server.api, mtpserve.engine.engine" 2> "$OUT/importtime.txt"
   timeout 150 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 2 --checkpoint /tmp/ck18 \
     --log-dir "$OUT/logs" --cprofile "$OUT/cprofile.txt" --json "$OUT/ready.json" 2>&1 | tail -4
+  timeout 60 python3 benchmarks/gpu_init_overlap.py --model /tmp/ck18 2>&1 | tail -4
   ;;
 s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile (the sort by
   # expert in one kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving

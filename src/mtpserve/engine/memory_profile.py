@@ -42,6 +42,7 @@ def profile_peak_bytes(runner) -> int:
     with compiling_ahead() as ahead:   # a dry forward: the step's Triton kernels compile at once
         if ahead:
             runner.execute(runner.prepare(sched)[0])
+            _graph_dry_forwards(runner, blocks)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -55,6 +56,21 @@ def profile_peak_bytes(runner) -> int:
     runner.kv_cache = None
     torch.cuda.empty_cache()
     return peak
+
+
+def _graph_dry_forwards(runner, blocks: int) -> None:
+    """Dry forwards of the decode / verify graphs the engine captures later, over the profiling's
+    small KV cache (its spare block the pad slot), so that their Triton kernels compile in one
+    round with the prefill's: two rounds took 1.8 + 2.2 s of a fresh H200 start of the
+    Qwen3-1.7B shape (BENCHMARKS.md, session 18). A kernel whose specialization the real cache
+    changes compiles again at capture, as it did before. Nothing with ``enforce_eager``."""
+    if runner.config.enforce_eager:
+        return
+    runner.pad_slot = blocks * runner.block_size
+    try:
+        runner.graph_runner().dry_forwards()
+    finally:
+        del runner.pad_slot
 
 
 def gpu_kv_blocks(runner) -> int:
