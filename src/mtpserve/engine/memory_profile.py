@@ -23,6 +23,8 @@ from mtpserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+# off: the graphs' kernels compile in a round of their own at capture (benchmarks/gpu_build_ab.py)
+GRAPHS_IN_PROFILE_ROUND = True
 # Kept free besides the profiled peak: CUDA graphs' pool, sampler temporaries, allocator slack.
 HEADROOM_BYTES = 1 << 30
 
@@ -64,7 +66,7 @@ def _graph_dry_forwards(runner, blocks: int) -> None:
     round with the prefill's: two rounds took 1.8 + 2.2 s of a fresh H200 start of the
     Qwen3-1.7B shape (BENCHMARKS.md, session 18). A kernel whose specialization the real cache
     changes compiles again at capture, as it did before. Nothing with ``enforce_eager``."""
-    if runner.config.enforce_eager:
+    if runner.config.enforce_eager or not GRAPHS_IN_PROFILE_ROUND:
         return
     runner.pad_slot = blocks * runner.block_size
     try:

@@ -29,6 +29,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 _dry = False
+# off: kernels load and build their launchers at their first launch, one after another, as
+# Triton does (benchmarks/gpu_build_ab.py compares)
+LOAD_AHEAD = True
 
 
 def dry() -> bool:
@@ -66,7 +69,7 @@ def compiling_ahead(threads: int | None = None):
             finally:
                 JITFunction.run, _dry = run, False
         kernels = [f.kernel for f in mode.future_kernels.values() if f.kernel is not None]
-        launchers = load_ahead(pool, kernels)
+        launchers = load_ahead(pool, kernels) if LOAD_AHEAD else 0
     if kernels:
         logger.info("compiled and loaded %d Triton kernels (%d launchers) on %d threads in %.1f s",
                     len(kernels), launchers, workers, time.perf_counter() - t0)

@@ -1,0 +1,67 @@
+"""Engine build time with a start-up switch on and off, each build a fresh process with an empty
+Triton cache of its own (a fresh machine's start), the variants taking turns on one machine.
+
+    python benchmarks/gpu_build_ab.py --checkpoint DIR [--repeats 3]
+        [--switch LABEL=MODULE:ATTR:VALUE ...]   # default: the two start-up switches below
+
+Prints the seconds from ``LLM(...)`` called to returned (the engine built: weights, profiling,
+compiles, graph capture; not the imports) per variant and repeat, and each variant's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import importlib, json, os, sys, time
+for spec in json.loads(sys.argv[2]):
+    mod, attr, value = spec.split(":")
+    setattr(importlib.import_module(mod), attr, json.loads(value))
+from mtpserve import LLM
+t = time.perf_counter()
+LLM(sys.argv[1], dtype="bfloat16", max_model_len=4096, max_num_seqs=64)
+print(json.dumps(time.perf_counter() - t))
+"""
+
+DEFAULT = ["default=", "no_load_ahead=mtpserve.kernels.compile_ahead:LOAD_AHEAD:false",
+           "graphs_own_round=mtpserve.engine.memory_profile:GRAPHS_IN_PROFILE_ROUND:false"]
+
+
+def build_seconds(ckpt: str, switches: list[str]) -> float:
+    env = {**__import__("os").environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-ab-")}
+    out = subprocess.run([sys.executable, "-c", CHILD, ckpt, json.dumps(switches)], env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--switch", nargs="+", default=DEFAULT)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    variants = {}
+    for item in a.switch:
+        label, _, spec = item.partition("=")
+        variants[label] = [spec] if spec else []
+    times = {label: [] for label in variants}
+    for r in range(a.repeats):
+        for label, specs in variants.items():
+            times[label].append(build_seconds(a.checkpoint, specs))
+            print(f"repeat {r + 1} {label:18} built in {times[label][-1]:.2f} s", flush=True)
+    for label, ts in times.items():
+        print(f"{label:18} median {statistics.median(ts):.2f} s of {len(ts)}: "
+              + " ".join(f"{t:.2f}" for t in ts))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(times, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
