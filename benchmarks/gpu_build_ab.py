@@ -28,8 +28,7 @@ LLM(sys.argv[1], dtype="bfloat16", max_model_len=4096, max_num_seqs=64)
 print(json.dumps(time.perf_counter() - t))
 """
 
-DEFAULT = ["default=", "no_load_ahead=mtpserve.kernels.compile_ahead:LOAD_AHEAD:false",
-           "graphs_own_round=mtpserve.engine.memory_profile:GRAPHS_IN_PROFILE_ROUND:false"]
+DEFAULT = ["default=", "no_load_ahead=mtpserve.kernels.compile_ahead:LOAD_AHEAD:false"]
 
 
 def build_seconds(ckpt: str, switches: list[str]) -> float:

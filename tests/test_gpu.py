@@ -528,41 +528,6 @@ def test_compiling_ahead_compiles_without_running_then_runs():
     torch.testing.assert_close(out.float(), torch.nn.functional.silu(g) * u, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_next"])
-def test_graph_kernels_compile_in_the_profiling_round(tmp_path, caplog, model_type):
-    """engine/memory_profile.py: the decode / verify graphs' Triton kernels compile in the same
-    parallel round as the profiled prefill's, so the capture queues no compile of its own. A tiny
-    model of widths no other test uses (float16) makes every specialization new to this
-    process; dense and hybrid (its (B, q) graphs with MTP drafts) graph runners both."""
-    import logging
-    import sys
-    sys.path.insert(0, "tests")
-    from harness import tiny_hf_model
-    from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
-    from hybrid_checkpoint import write_checkpoint
-
-    from mtpserve import LLM
-
-    kw = dict(hidden_size=80, num_attention_heads=5, num_key_value_heads=1, head_dim=16,
-              intermediate_size=176)
-    if model_type == "llama":
-        path = write_checkpoint(tmp_path / "tiny", tiny_hf_model("llama", **kw))
-        spec = {}
-    else:
-        hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1, **kw)
-        path = write_checkpoint(tmp_path / "tiny", hf, random_mtp_weights(hf))
-        spec = dict(speculative_algorithm="nextn", speculative_num_steps=2)
-    with caplog.at_level(logging.INFO):
-        LLM(str(path), dtype="float16", max_model_len=256, max_num_seqs=8,
-            gpu_memory_utilization=0.3, **spec)
-    msgs = [r.getMessage() for r in caplog.records]
-    sized = next(i for i, m in enumerate(msgs) if m.startswith("GPU memory:"))
-    captured = next(i for i, m in enumerate(msgs) if m.startswith("captured "))
-    rounds = [i for i, m in enumerate(msgs) if m.startswith("compiled and loaded")]
-    assert rounds and rounds[0] < sized, msgs      # the profiling round compiled something
-    assert not [i for i in rounds if sized < i < captured], msgs
-
-
 def _variants(kernel) -> int:
     """Compiled variants of a Triton kernel on the current device."""
     caches = kernel.device_caches.get(torch.cuda.current_device())

@@ -111,13 +111,6 @@ class CudaGraphRunner:
                     self.tokens(last), time.perf_counter() - t0, self.costs[first] * 1e3,
                     self.tokens(first), self.costs[last] * 1e3, self.tokens(last))
 
-    def dry_forwards(self) -> None:
-        """Every key's forward over its own static inputs, largest first and not captured: in
-        kernels/compile_ahead.py's dry mode their Triton kernels queue to compile along with
-        whatever else that context queues (engine/memory_profile.py)."""
-        for key in reversed(self.keys()):
-            self._forward(self._static_batch(key))
-
     def _forward(self, batch: ForwardBatch):
         hidden = self.runner.model(batch)
         return hidden, self.runner.model.compute_logits(hidden)

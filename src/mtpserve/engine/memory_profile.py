@@ -23,8 +23,6 @@ from mtpserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# off: the graphs' kernels compile in a round of their own at capture (benchmarks/gpu_build_ab.py)
-GRAPHS_IN_PROFILE_ROUND = True
 # Kept free besides the profiled peak: CUDA graphs' pool, sampler temporaries, allocator slack.
 HEADROOM_BYTES = 1 << 30
 
@@ -44,7 +42,6 @@ def profile_peak_bytes(runner) -> int:
     with compiling_ahead() as ahead:   # a dry forward: the step's Triton kernels compile at once
         if ahead:
             runner.execute(runner.prepare(sched)[0])
-            _graph_dry_forwards(runner, blocks)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -58,21 +55,6 @@ def profile_peak_bytes(runner) -> int:
     runner.kv_cache = None
     torch.cuda.empty_cache()
     return peak
-
-
-def _graph_dry_forwards(runner, blocks: int) -> None:
-    """Dry forwards of the decode / verify graphs the engine captures later, over the profiling's
-    small KV cache (its spare block the pad slot), so that their Triton kernels compile in one
-    round with the prefill's: two rounds took 1.8 + 2.2 s of a fresh H200 start of the
-    Qwen3-1.7B shape (BENCHMARKS.md, session 18). A kernel whose specialization the real cache
-    changes compiles again at capture, as it did before. Nothing with ``enforce_eager``."""
-    if runner.config.enforce_eager or not GRAPHS_IN_PROFILE_ROUND:
-        return
-    runner.pad_slot = blocks * runner.block_size
-    try:
-        runner.graph_runner().dry_forwards()
-    finally:
-        del runner.pad_slot
 
 
 def gpu_kv_blocks(runner) -> int:

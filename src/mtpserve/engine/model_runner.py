@@ -182,12 +182,6 @@ class ModelRunner:
         the engine's config, so its graphs have the target's token limit."""
         if self.device.type != "cuda":
             return
-        self.graphs = self.graph_runner(runner_cls)
-        self.graphs.capture()
-
-    def graph_runner(self, runner_cls=None):
-        """The (not yet captured) graph runner :meth:`capture_cuda_graphs` uses: a
-        ``HybridGraphRunner`` for a hybrid model, else ``runner_cls`` or ``CudaGraphRunner``."""
         from mtpserve.engine.cuda_graph import CudaGraphRunner, graph_sizes
         from mtpserve.engine.hybrid_graph import HybridGraphRunner
 
@@ -196,10 +190,12 @@ class ModelRunner:
         limit = self.graph_token_limit()
         max_blocks = -(-self.max_model_len // self.block_size)
         if self.state_cache is not None:
-            return HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
-                                     self.part_size)
-        return (runner_cls or CudaGraphRunner)(
-            self, graph_sizes(limit), self.config.max_num_seqs, max_blocks, self.part_size)
+            self.graphs = HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
+                                            self.part_size)
+        else:
+            self.graphs = (runner_cls or CudaGraphRunner)(
+                self, graph_sizes(limit), self.config.max_num_seqs, max_blocks, self.part_size)
+        self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
