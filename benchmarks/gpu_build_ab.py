@@ -1,5 +1,6 @@
 """Engine build time with a start-up switch on and off, each build a fresh process with an empty
-Triton cache of its own (a fresh machine's start), the variants taking turns on one machine.
+Triton cache of its own (a fresh machine's start), the variants taking turns on one machine
+(their order reversed every other repeat).
 
     python benchmarks/gpu_build_ab.py --checkpoint DIR [--repeats 3]
         [--switch LABEL=MODULE:ATTR:VALUE ...]   # default: the two start-up switches below
@@ -50,8 +51,10 @@ def main() -> None:
         label, _, spec = item.partition("=")
         variants[label] = [spec] if spec else []
     times = {label: [] for label in variants}
-    for r in range(a.repeats):
-        for label, specs in variants.items():
+    for r in range(a.repeats):   # turns reversed every other repeat (ABBA): a build right
+        # after another ran ~3 s slower in its first place than in its second (session 18)
+        order = list(variants.items())
+        for label, specs in (order if r % 2 == 0 else order[::-1]):
             times[label].append(build_seconds(a.checkpoint, specs))
             print(f"repeat {r + 1} {label:18} built in {times[label][-1]:.2f} s", flush=True)
     for label, ts in times.items():
