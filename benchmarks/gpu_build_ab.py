@@ -3,7 +3,7 @@ Triton cache of its own (a fresh machine's start), the variants taking turns on 
 (their order reversed every other repeat).
 
     python benchmarks/gpu_build_ab.py --checkpoint DIR [--repeats 3]
-        [--switch LABEL=MODULE:ATTR:VALUE ...]   # default: the two start-up switches below
+        --switch LABEL=MODULE:ATTR:VALUE ...   # e.g. no_pdl=mtpserve.kernels.pdl:ENABLED:false
 
 Prints the seconds from ``LLM(...)`` called to returned (the engine built: weights, profiling,
 compiles, graph capture; not the imports) per variant and repeat, and each variant's median.
@@ -29,7 +29,6 @@ LLM(sys.argv[1], dtype="bfloat16", max_model_len=4096, max_num_seqs=64)
 print(json.dumps(time.perf_counter() - t))
 """
 
-DEFAULT = ["default=", "no_load_ahead=mtpserve.kernels.compile_ahead:LOAD_AHEAD:false"]
 
 
 def build_seconds(ckpt: str, switches: list[str]) -> float:
@@ -43,16 +42,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--switch", nargs="+", default=DEFAULT)
+    ap.add_argument("--switch", nargs="+", required=True,
+                    help="LABEL=MODULE:ATTR:VALUE (VALUE in JSON), each a variant built beside "
+                         "the tree as it is ('default'); the two start-up switches this was "
+                         "written for lost and are gone (BENCHMARKS.md, session 18)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    variants = {}
+    variants = {"default": []}
     for item in a.switch:
         label, _, spec = item.partition("=")
-        variants[label] = [spec] if spec else []
+        variants[label] = [spec]
     times = {label: [] for label in variants}
-    for r in range(a.repeats):   # turns reversed every other repeat (ABBA): a build right
-        # after another ran ~3 s slower in its first place than in its second (session 18)
+    for r in range(a.repeats):   # turns reversed every other repeat (ABBA): in session 18 the
+        # variant built first in every repeat was the slowest twice, by 1-4 s
         order = list(variants.items())
         for label, specs in (order if r % 2 == 0 else order[::-1]):
             times[label].append(build_seconds(a.checkpoint, specs))

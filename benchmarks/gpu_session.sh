@@ -254,11 +254,6 @@ s18)      # no model needed, about 4 minutes: time to ready (fresh, warm) with l
     --log-dir "$OUT/logs" --cprofile "$OUT/cprofile.txt" --json "$OUT/ready.json" 2>&1 | tail -4
   timeout 60 python3 benchmarks/gpu_init_overlap.py --model /tmp/ck18 2>&1 | tail -4
   ;;
-ab)       # no model needed, about 3 minutes: the engine build with each start-up switch on and
-  # off, fresh processes with empty Triton caches taking turns (benchmarks/gpu_build_ab.py)
-  [ -f /tmp/ck18/config.json ] || python3 -c "from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck18')"
-  timeout 400 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck18 --repeats 4 --json "$OUT/ab.json" 2>&1 | tail -12
-  ;;
 s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile (the sort by
   # expert in one kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving
   # ~5%; session 16's first call also timed a SwiGLU epilogue, since removed)

@@ -497,9 +497,8 @@ def test_sparse_moe_block_on_cuda_matches_cpu():
 
 def test_compiling_ahead_compiles_without_running_then_runs():
     """kernels/compile_ahead.py: inside the context a launch of a new specialization leaves its
-    output untouched and puts one compiled kernel in Triton's cache, loaded with its launcher
-    built; after it, the same launch runs that kernel (no further compile) and gives
-    silu(g) * u."""
+    output untouched and puts one compiled kernel in Triton's cache; after it, the same launch
+    runs that kernel (no further compile) and gives silu(g) * u."""
     from mtpserve.kernels import compile_ahead, fused_triton
 
     kernel = fused_triton._silu_mul_kernel
@@ -520,8 +519,6 @@ def test_compiling_ahead_compiles_without_running_then_runs():
     torch.cuda.synchronize()
     assert torch.count_nonzero(out) == 0
     assert len(cache()) == before + 1
-    # loaded ahead too (load_ahead): its module and launcher exist before its first launch
-    assert all(k.module is not None and k._run is not None for k in cache().values())
     launch()
     assert len(cache()) == before + 1
     g, u = x[:, :777].float(), x[:, 777:].float()

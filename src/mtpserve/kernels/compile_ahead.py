@@ -10,10 +10,8 @@ their time). A *dry* forward in that context queues every compile the real forwa
 PyTorch ops still run, on whatever the skipped kernels left in their outputs (uninitialised
 memory), so a Triton kernel whose output feeds an index must make it valid when :func:`dry`
 (``moe_router_triton.route`` zeroes its expert ids). Leaving the context waits for the
-compiles, then loads the compiled kernels and builds their launchers in the same pool
-(:func:`load_ahead`); the real forwards then find them in Triton's in-memory cache, ready.
-Where Triton lacks ``AsyncCompileMode`` (before 3.4) the context does nothing and kernels
-compile as before.
+compiles; the real forwards then find them in Triton's in-memory cache. Where Triton lacks
+``AsyncCompileMode`` (before 3.4) the context does nothing and kernels compile as before.
 """
 
 from __future__ import annotations
@@ -22,16 +20,11 @@ import contextlib
 import logging
 import os
 import time
-from concurrent.futures import Executor, ThreadPoolExecutor
-
-import torch
+from concurrent.futures import ThreadPoolExecutor
 
 logger = logging.getLogger(__name__)
 
 _dry = False
-# off: kernels load and build their launchers at their first launch, one after another, as
-# Triton does (benchmarks/gpu_build_ab.py compares)
-LOAD_AHEAD = True
 
 
 def dry() -> bool:
@@ -61,49 +54,17 @@ def compiling_ahead(threads: int | None = None):
 
     t0 = time.perf_counter()
     workers = threads or min(16, os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool:
-        with AsyncCompileMode(pool) as mode:   # on leaving: waits for every compile it queued
-            JITFunction.run, _dry = compile_only, True
-            try:
-                yield True
-            finally:
-                JITFunction.run, _dry = run, False
-        kernels = [f.kernel for f in mode.future_kernels.values() if f.kernel is not None]
-        launchers = load_ahead(pool, kernels) if LOAD_AHEAD else 0
-    if kernels:
-        logger.info("compiled and loaded %d Triton kernels (%d launchers) on %d threads in %.1f s",
-                    len(kernels), launchers, workers, time.perf_counter() - t0)
-
-
-def load_ahead(pool: Executor, kernels: list) -> int:
-    """Load compiled kernels on the current CUDA device and build their launchers in ``pool``.
-
-    Triton does both at a kernel's first launch (``CompiledKernel._init_handles``): the launcher
-    is a C stub per distinct signature, built with the host compiler unless Triton's cache has
-    it, ~0.34 s each; on the H200 a Qwen3-1.7B start built 9 of them one after another, 3.1 s of
-    its 16 s (BENCHMARKS.md, session 18). Kernels with one signature and constants share a
-    launcher, so each group is loaded by one task (the first builds, the rest find it cached).
-    A kernel that fails to load (too much shared memory) fails again at its first launch, as it
-    would have without this. Returns the number of groups."""
-    groups: dict[tuple, list] = {}
-    for k in kernels:
-        src = k.src
-        key = (repr(sorted(src.signature.items())),
-               repr(sorted(getattr(src, "constants", {}).items(), key=repr)))
-        groups.setdefault(key, []).append(k)
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
-
-    def load(group: list) -> None:
-        if device is not None:
-            torch.cuda.set_device(device)
-        for k in group:
-            try:
-                k._init_handles()
-            except Exception as e:  # noqa: BLE001 - raised again at the kernel's first launch
-                logger.debug("loading Triton kernel %s ahead failed: %s", k.name, e)
-
-    list(pool.map(load, groups.values()))
-    return len(groups)
+    with (ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool,
+          AsyncCompileMode(pool) as mode):   # on leaving: waits for every compile it queued
+        JITFunction.run, _dry = compile_only, True
+        try:
+            yield True
+        finally:
+            JITFunction.run, _dry = run, False
+            queued = len(mode.future_kernels)
+    if queued:
+        logger.info("compiled %d Triton kernels on %d threads in %.1f s", queued, workers,
+                    time.perf_counter() - t0)
 
 
 def token_buckets(max_tokens: int) -> list[int]:
