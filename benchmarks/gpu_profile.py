@@ -10,7 +10,9 @@ of Q tokens of one sequence: Q=1 decode, Q=4 verify of 3 drafts) and ``DIR/<shap
 stdout: device time of all kernels, number of kernel launches, wall time of the eager forward.
 ``--step-trace B`` profiles whole engine steps with CUDA graphs on and B requests decoding
 (hybrid shapes: also with MTP k=3): wall ms per step against the device-busy ms per step (union of
-kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B>.txt``.
+kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B>.txt`` and
+``DIR/<shape>-steps-b<B>-chain.txt`` (what each kernel adds to the step's span under PDL:
+:func:`chain_table`).
 ``--prefill Q ...`` profiles eager prefill forwards of Q tokens of one sequence (ops by host
 and device time, Python functions by own time): ``DIR/<shape>-prefill-q<Q>.txt``.
 ``--spec-host N`` instead times the host side of engine steps with N code-edit requests decoding
@@ -144,6 +146,42 @@ def _busy_us(kernels) -> float:
     return busy
 
 
+def chain_table(kernels, steps: int) -> str:
+    """What each kernel adds to the step's span, by kernel and its two predecessors' names.
+
+    Under PDL a kernel launches while its predecessor runs and spins in its wait, so its own
+    duration overstates its cost; what it adds is ``end - max(previous end, start)``: from the
+    later of its predecessor's end and its own start to its own end. These sum to the union of
+    the kernels' intervals (the device-busy time). Keying by the two kernels before tells the
+    products apart (q/k/v after a norm after the down product, gate/up after a norm after the o
+    product...). Rows: microseconds per step, launches per step, microseconds per launch."""
+    ks = sorted(kernels, key=lambda e: e.time_range.end)
+    added: dict[tuple, float] = {}
+    count: dict[tuple, int] = {}
+    names = ["", ""]
+    prev_end = float("-inf")
+    for e in ks:
+        name = _short(e.name)
+        key = (names[-2], names[-1], name)
+        added[key] = added.get(key, 0.0) + e.time_range.end - max(prev_end, e.time_range.start)
+        count[key] = count.get(key, 0) + 1
+        prev_end = max(prev_end, e.time_range.end)
+        names.append(name)
+    rows = sorted(added.items(), key=lambda kv: -kv[1])
+    total = sum(added.values()) / steps
+    out = [f"added to the step's span: {total:.1f} us per step, by (before-before, before, kernel)",
+           f"{'us/step':>9} {'n/step':>7} {'us/launch':>9}  kernel <- before <- before-before"]
+    for (p2, p1, name), us in rows:
+        n = count[(p2, p1, name)] / steps
+        out.append(f"{us / steps:9.1f} {n:7.1f} {us / steps / n:9.2f}  {name} <- {p1} <- {p2}")
+    return "\n".join(out) + "\n"
+
+
+def _short(name: str) -> str:
+    """A kernel name cut to what tells it apart (cuBLAS / CUTLASS names run to hundreds)."""
+    return name if len(name) <= 48 else name[:45] + "..."
+
+
 def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) -> str:
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
@@ -167,6 +205,8 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     with open(path, "w") as f:
         f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=50,
                                           max_name_column_width=90))
+    with open(path.replace(".txt", "-chain.txt"), "w") as f:
+        f.write(chain_table(kernels, steps))
     host = _phase_ms(eng, steps, path.replace(".txt", "-host.txt"))
     eng.proposer = None
     eng.runner.graphs = None
