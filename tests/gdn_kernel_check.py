@@ -311,26 +311,36 @@ def _compare_layer(layer, cache, make_batch, T, slots, written, dtype, errors, d
         assert torch.equal(a[~w], a0[~w]), name
 
 
-def _compare_medium_prefill(layer, cache, dtype, errors, dev) -> None:
-    """An eager step of prefill chunks in two of the Triton path's padded length buckets
-    (33-64, 129-256) beside a decode, and one past MEDIUM_QUERY (the chunked form)."""
+def _compare_medium_prefill(layer, cache, dtype, errors, dev, qlens=(2, 150, 40, 300, 129),
+                            medium=((1, 40), (2, 150))) -> None:
+    """An eager step of prefill chunks in two of the Triton path's padded length buckets (by
+    default 33-64 alone and 129-256 with two sequences of unequal lengths, one at the bucket's
+    lower edge) beside a decode, and one past MEDIUM_QUERY (the chunked form); ``medium``: the
+    (sequences, padded length) of each medium group that ``qlens`` must make."""
     from mtpserve.layers.linear_attention import _plan
 
     P = cache.ssm_scratch[0].shape[1]
-    qlens, slots, rows = [2, 150, 40, 300, 129], [1, 3, 4, 2, 0], [-1] * 5
+    qlens, slots, rows = list(qlens), [1, 3, 4, 2, 0], [-1] * 5
     with triton_path(True):   # the Triton side of the comparison groups them so
         plan = _plan(_eager_batch(cache, qlens, slots, rows, dev))
-    assert [(g.num_small, g.max_q) for g in plan.medium] == [(1, 40), (2, 150)]
-    assert [(end - start, slot) for start, end, slot in plan.large] == [(300, 2)]
+    assert [(g.num_small, g.max_q) for g in plan.medium] == list(medium)
+    assert [(end - start, slot) for start, end, slot in plan.large] == [(qlens[3], 2)]
     _compare_layer(layer, cache, lambda c: _eager_batch(c, qlens, slots, rows, dev), sum(qlens),
                    slots, torch.zeros(4, P, dtype=torch.bool), dtype, errors, dev)
 
 
 def check_medium_prefill(dev: str, errors: dict) -> None:
     """Only the medium-prefill step of :func:`check_layer` (Qwen3-Next layout, float32): the
-    part of it that runs in CI under the interpreter."""
+    part of it that runs in CI under the interpreter, there with shorter chunks: the buckets
+    17-32 alone and 33-64 with two sequences (40 and 33, the bucket's lower edge), and 257 tokens
+    past MEDIUM_QUERY = 256 (its last 64-token chunk partial). The same paths as the default
+    lengths (the sequence length is a runtime loop bound of the recurrent kernel, not a
+    constexpr), at 352 tokens instead of 621 and padded groups of 20 and 40 tokens instead of 40
+    and 150: the interpreter's cost is per token and per padded step (49 s -> ~20 s on a 2-core
+    box)."""
     layer, cache = _layer("qwen3_next", dev, torch.float32)
-    _compare_medium_prefill(layer, cache, torch.float32, errors, dev)
+    _compare_medium_prefill(layer, cache, torch.float32, errors, dev, qlens=(2, 40, 20, 257, 33),
+                            medium=((1, 20), (2, 40)))
 
 
 def check_layer(dev: str, errors: dict) -> None:

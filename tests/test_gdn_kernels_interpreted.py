@@ -1,7 +1,8 @@
 """The Gated DeltaNet layer's Triton path for prefill chunks of 17-256 tokens (padded groups per
 length bucket, layers/linear_attention.py) against its PyTorch path, on the CPU under Triton's
 interpreter (in a subprocess: tests/interpreted.py). The whole kernel check runs on CUDA in
-tests/test_gpu.py; here only the medium-prefill step, which takes ~30 s interpreted."""
+tests/test_gpu.py; here only the medium-prefill step, with shorter chunks than on CUDA (the
+same buckets' code, see gdn_kernel_check.check_medium_prefill): ~18 s interpreted."""
 
 from __future__ import annotations
 
