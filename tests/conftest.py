@@ -16,6 +16,29 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+# Test files run by one pytest-xdist worker together under --dist loadfile: both need
+# ``hf_smollm2`` (a session fixture, built once per worker: HF's GGUF loading takes ~25 s of one
+# core, and the two files need different things of the model, its weights and its greedy
+# generation, so there is nothing smaller to share between two workers).
+SAME_WORKER = {"test_generate_real.py": "test_loader.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the files of SAME_WORKER sent to one worker as one unit of work
+    (other modes: pytest-xdist's own scheduler)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            folder, _, name = scope.rpartition("/")
+            return f"{folder}/{SAME_WORKER[name]}" if name in SAME_WORKER else scope
+
+    return Scheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     from mtpserve.loader import default_model_path
