@@ -175,7 +175,8 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
-                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9)}
+                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
+                "no_deferred_sum": (gemv_triton, "DEFER_SUM", False)}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
@@ -207,11 +208,11 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge"],
+                    choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
-                         "programs and a merge kernel, with SiLU-and-mul in the gate/up product's "
-                         "epilogue (half / all of gemv's rows per half)")
+                         "programs and a merge kernel, with split products summing their own "
+                         "partials instead of the next norm (gemv_triton.DEFER_SUM)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

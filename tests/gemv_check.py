@@ -44,3 +44,37 @@ def check_split_k(device: str, shapes=((40, 300), (2048, 6144)), splits=(1, 2, 3
                 assert torch.equal(out[:m], gemv(x[:m], w, b, **kw)), (n, k, split, m)
         assert int(arrival.counters(w.device).abs().sum()) == 0
     return worst
+
+
+def check_deferred_sum(device: str, n: int = 96, k: int = 2048, split: int = 4) -> int:
+    """A split product asked to defer its sum (``gemv(defer_sum=True)``) returns its partials;
+    summed by ``add_rms_norm`` (or ``SplitKPartials.total``) they give the same bits as the
+    product that sums them itself followed by the same norm, for 1, 3 and MAX_ROWS rows; an
+    unsplit product or one with bias returns the tensor. CPU: float32; CUDA: bfloat16. Returns
+    the number of cases compared."""
+    from mtpserve.kernels import arrival, fused_triton
+    from mtpserve.kernels.gemv_triton import MAX_ROWS, SplitKPartials, gemv
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
+    nw = torch.rand(n, generator=g).to(device, dtype)
+    cases = 0
+    for m in (1, 3, MAX_ROWS):
+        x = torch.randn(m, k, generator=g).to(device, dtype)
+        res = torch.randn(m, n, generator=g).to(device, dtype)
+        kw = dict(block_n=16, block_k=64 if device == "cpu" else 256, split_k=split)
+        parts = gemv(x, w, defer_sum=True, **kw)
+        assert isinstance(parts, SplitKPartials) and parts.parts.shape == (split, m, n)
+        y = gemv(x, w, **kw)
+        assert torch.equal(parts.total(), y)
+        for a, b in zip(fused_triton.add_rms_norm(parts, res, nw, 1e-6, False),
+                        fused_triton.add_rms_norm(y, res, nw, 1e-6, False)):
+            assert torch.equal(a, b), m
+        cases += 1
+    one = dict(block_n=16, block_k=64 if device == "cpu" else 256, split_k=1)
+    assert isinstance(gemv(x, w, defer_sum=True, **one), torch.Tensor)
+    assert isinstance(gemv(x, w, torch.zeros(n, device=device, dtype=dtype), defer_sum=True,
+                           split_k=split, block_n=16, block_k=one["block_k"]), torch.Tensor)
+    assert int(arrival.counters(w.device).abs().sum()) == 0
+    return cases

@@ -525,6 +525,42 @@ def test_compiling_ahead_compiles_without_running_then_runs():
     torch.testing.assert_close(out.float(), torch.nn.functional.silu(g) * u, rtol=2e-2, atol=2e-2)
 
 
+def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
+    """A split o / down product's partials summed by the next norm (gemv_triton.SplitKPartials)
+    against the product summing them itself: tests/gemv_check.py's kernel check in bfloat16,
+    then a tiny Llama whose o and down products split four ways (K = 2048): prompt logits of 12
+    tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs."""
+    import sys
+    sys.path.insert(0, "tests")
+    import gemv_check
+    from harness import logits_of_prompt, tiny_hf_model
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM
+    from mtpserve.kernels import gemv_triton
+
+    assert gemv_check.check_deferred_sum("cuda") == 3
+    hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=2048)
+    assert gemv_triton.tile_config(256, 2048)["split_k"] == 4
+    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
+              gpu_memory_utilization=0.3)
+    prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
+
+    def outputs():
+        return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
+
+    deferred = outputs()
+    gemv_triton.DEFER_SUM = False
+    try:
+        llm.engine.runner.capture_cuda_graphs()
+        summed = outputs()
+    finally:
+        gemv_triton.DEFER_SUM = True
+    assert torch.equal(deferred[0], summed[0])
+    assert deferred[1] == summed[1]
+
+
 def _variants(kernel) -> int:
     """Compiled variants of a Triton kernel on the current device."""
     caches = kernel.device_caches.get(torch.cuda.current_device())

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels import pdl
+from mtpserve.kernels.gemv_triton import SplitKPartials
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -59,13 +60,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, eps,
-                         ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, eps, s_part,
+                         ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
+                         PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
-    x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    if PARTS > 0:   # x: a split product's float32 partials, summed as the product would have
+        x = tl.zeros([BLOCK], tl.float32)
+        for s in tl.static_range(PARTS):
+            x += tl.load(x_ptr + s * s_part + row * sx + cols, mask=mask, other=0.0)
+        x = x.to(so_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
     res = tl.load(r_ptr + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
     # the rounded sum is both the new residual and the norm's input, as in the unfused ops
     s = (res + x).to(so_ptr.dtype.element_ty)
@@ -82,7 +90,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     ``s = residual + x`` rounded to ``x.dtype``.
 
     Args:
-        x, residual: [..., N], same shape and float dtype (the last dim contiguous or not).
+        x, residual: [..., N], same shape and float dtype (the last dim contiguous or not); or
+            ``x`` a split product's ``SplitKPartials`` with ``residual`` [M, N] of its dtype,
+            summed here as the product would have (kernels/gemv_triton.py).
         weight: [N] norm weight (``w - 1`` when ``zero_centered``); eps: added to mean(x^2).
 
     Returns new tensors (the inputs are not modified), both shaped like ``x`` in ``x.dtype``;
@@ -96,13 +106,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
                          f"{residual.dtype} must match")
     shape, n = x.shape, x.shape[-1]
-    x2, r2 = _rows(x), _rows(residual)
+    parts = x.parts if isinstance(x, SplitKPartials) else None
+    x2, r2 = (parts[0] if parts is not None else _rows(x)), _rows(residual)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, out, total, x2.stride(0), r2.stride(0),
-                                         out.stride(0), total.stride(0), n, eps,
-                                         ZERO_CENTERED=zero_centered,
-                                         BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
+    _add_rms_norm_kernel[(x2.shape[0],)](
+        parts if parts is not None else x2, r2, weight, out, total, x2.stride(0), r2.stride(0),
+        out.stride(0), total.stride(0), n, eps, parts.stride(0) if parts is not None else 0,
+        ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(n),
+        PARTS=parts.shape[0] if parts is not None else 0, **pdl.launch(r2))
     return out.view(shape), total.view(shape)
 
 

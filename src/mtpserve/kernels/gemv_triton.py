@@ -15,6 +15,7 @@ session 16.)
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -28,6 +29,43 @@ from mtpserve.kernels.pdl import pdl_wait
 MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
+# off: a caller that asks to defer a split-K sum (``gemv(..., defer_sum=True)``) gets it summed by
+# the product's last program as every other caller (benchmarks/gpu_decode.py --compare)
+DEFER_SUM = True
+
+
+@dataclass
+class SplitKPartials:
+    """A skinny product's output left as its split-K partial sums, for a consumer kernel that
+    sums them itself (``fused_triton.add_rms_norm``), which saves the product its last program's
+    arrival and second pass (kernels/arrival.py).
+
+    ``parts``: [SPLIT_K, M, N] float32, partial ``s`` over the s-th range of the reduction;
+    ``dtype``: the product's output dtype. The output is ``sum(parts[0], parts[1], ...)`` in
+    that order from zero, rounded once to ``dtype``, the same bits the product itself gives
+    (:meth:`total`)."""
+    parts: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.parts.is_cuda
+
+    def total(self) -> torch.Tensor:
+        """The summed [M, N] output in ``dtype`` (PyTorch ops; for consumers without a fused
+        sum)."""
+        acc = self.parts[0].clone()
+        for s in range(1, self.parts.shape[0]):
+            acc += self.parts[s]
+        return acc.to(self.dtype)
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -70,7 +108,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr):
+                 STAGES: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -90,7 +128,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
         tl.store(part + pid_k * M * N, acc, mask=out_mask)
-        if arrive_last(count_ptr + pid_n, SPLIT_K):
+        if DEFER:   # the consumer sums the partials (SplitKPartials)
+            pass
+        elif arrive_last(count_ptr + pid_n, SPLIT_K):
             acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
@@ -108,13 +148,16 @@ def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr)
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
-         split_k: int = 1, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+         split_k: int = 1, out_dtype: torch.dtype | None = None,
+         defer_sum: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
     ``out_dtype`` (default x's dtype). ``split_k`` > 1 splits the reduction over that
     many programs per output tile, summed in a fixed order by the last (kernels/arrival.py).
-    Tile sizes default to :func:`tile_config`; the result of a row does not depend on M. Raises
+    Tile sizes default to :func:`tile_config`; the result of a row does not depend on M.
+    ``defer_sum`` (no bias, DEFER_SUM on): a split product returns its partials as
+    :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor. Raises
     ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, or an ``x`` of
     another width.
     """
@@ -134,17 +177,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         x = x.contiguous()
     k_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
     split_k = triton.cdiv(K, k_split)
+    defer = defer_sum and DEFER_SUM and split_k > 1 and bias is None
     n_tiles = triton.cdiv(N, block_n)
     if split_k > 1 and n_tiles > arrival.NUM_COUNTERS:
         raise ValueError(f"gemv: {n_tiles} output tiles is more than split-K can count")
     part = (torch.empty(split_k, M, N, device=x.device, dtype=torch.float32) if split_k > 1
             else weight)
-    count = arrival.counters(x.device) if split_k > 1 else weight
-    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    count = arrival.counters(x.device) if split_k > 1 and not defer else weight
+    y = part if defer else torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     _gemv_kernel[(n_tiles, split_k)](
         x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        **pdl.launch(x))
-    return y
+        DEFER=defer, **pdl.launch(x))
+    return SplitKPartials(part, out_dtype or x.dtype) if defer else y

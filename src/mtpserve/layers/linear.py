@@ -130,6 +130,13 @@ class RowParallelLinear(LinearBase):
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, defer_sum: bool = False):
+        """``x`` [T, in/tp] -> [T, out] summed over the TP ranks (+ bias). ``defer_sum``: on one
+        rank, without bias, a split-K skinny product may return its partials
+        (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does)."""
+        if defer_sum and self.tp_size == 1 and self.bias is None and use_gemv(x, self.weight):
+            from mtpserve.kernels.gemv_triton import gemv
+
+            return gemv(x, self.weight, defer_sum=True)
         y = tp_all_reduce(self._product(x, None))
         return y if self.bias is None else y + self.bias

@@ -34,7 +34,10 @@ class RMSNorm(nn.Module):
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
         """``(norm(residual + x), residual + x)``; with no residual yet (a decoder's first layer,
-        or a model without layers) ``(norm(x), x)``."""
+        or a model without layers) ``(norm(x), x)``. ``x`` may be a split product's partials
+        (``gemv_triton.SplitKPartials``, CUDA): the fused kernel sums them."""
+        if hasattr(x, "total") and (residual is None or not use_triton(residual)):
+            x = x.total()
         if residual is None:
             return self._norm(x), x
         if use_triton(x):

@@ -54,7 +54,8 @@ class LlamaAttention(nn.Module):
             out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
         else:
             out = self._qk_rope_attend(qkv, rope, batch)
-        return self.o_proj(out)
+        # a split product's partials go to the next norm, which sums them (layers/linear.py)
+        return self.o_proj(out, defer_sum=True)
 
     def _qk_rope_attend(self, qkv: torch.Tensor, rope, batch: ForwardBatch) -> torch.Tensor:
         """The reference (CPU) path: q/k norms, RoPE, then ``Attention`` writes K/V and attends."""
@@ -91,8 +92,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor):
+        """[T, hidden] -> [T, hidden], or the down product's split-K partials for the next norm
+        to sum (``RowParallelLinear(defer_sum=True)``)."""
+        return self.down_proj(self.act(self.gate_up_proj(x)), defer_sum=True)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -101,7 +104,8 @@ class LlamaDecoderLayer(nn.Module):
 
     ``forward(rope, h, residual, batch) -> (h', residual')``, all [T, hidden] in the model dtype:
     the layer's input is ``residual + h`` (``residual`` None: the input is ``h`` itself, the
-    first layer); its output is ``residual' + h'`` (h' the MLP output, not yet added).
+    first layer); its output is ``residual' + h'`` (h' the MLP output, not yet added; on CUDA
+    possibly the down product's split-K partials, which the next norm sums).
     """
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer_idx: int):
