@@ -176,7 +176,8 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
-                "no_deferred_sum": (gemv_triton, "DEFER_SUM", False)}
+                "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
+                "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0)}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
@@ -208,10 +209,12 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum"],
+                    choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
+                             "always_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
-                         "programs and a merge kernel, with split products summing their own "
+                         "programs and a merge kernel (or always one program per token and KV "
+                         "head merging its own), with split products summing their own "
                          "partials instead of the next norm (gemv_triton.DEFER_SUM)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
