@@ -63,6 +63,34 @@ def smollm2_llm():
     return LLM(None, dtype="float32", device="cpu", max_model_len=2048, num_kv_blocks=1024)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_outlives_the_module():
+    """Before each test file's own fixtures: collect what the last file left in cycles (its
+    module-scoped engines), then freeze every object still alive (``gc.freeze``: modules,
+    classes and functions of torch, transformers and the test files, session fixtures), so that
+    the collection after each test below walks only what was made since. A full collection of
+    the ~300k-600k objects alive in a worker took ~0.35 s, and ran after each of ~640 tests: 226
+    of the suite's 1157 test-seconds were teardowns (the xdist run of 2026-12-03). Frozen objects
+    are still freed by reference counting; only garbage cycles among them would stay, and what
+    lives at a module's start lives on (imported modules, session fixtures)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _unfreeze_at_the_end():
+    """The frozen objects back under the collector when the session ends (else extension types
+    still alive at exit report themselves as leaked, e.g. nanobind's in Triton)."""
+    yield
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
+
+
 @pytest.fixture(autouse=True)
 def _collect_engines():
     """Engines hold ~1 GB each on CPU (float32 weights, their MKL-packed copy, the KV cache) and
