@@ -52,6 +52,16 @@ def check_deferred_sum(device: str, n: int = 96, k: int = 2048, split: int = 4) 
     product that sums them itself followed by the same norm, for 1, 3 and MAX_ROWS rows; an
     unsplit product or one with bias returns the tensor. CPU: float32; CUDA: bfloat16. Returns
     the number of cases compared."""
+    from mtpserve.kernels import gemv_triton
+
+    default, gemv_triton.DEFER_SUM = gemv_triton.DEFER_SUM, True   # off by default for now
+    try:
+        return _check_deferred_sum(device, n, k, split)
+    finally:
+        gemv_triton.DEFER_SUM = default
+
+
+def _check_deferred_sum(device: str, n: int, k: int, split: int) -> int:
     from mtpserve.kernels import arrival, fused_triton
     from mtpserve.kernels.gemv_triton import MAX_ROWS, SplitKPartials, gemv
 

@@ -529,7 +529,8 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     """A split o / down product's partials summed by the next norm (gemv_triton.SplitKPartials)
     against the product summing them itself: tests/gemv_check.py's kernel check in bfloat16,
     then a tiny Llama whose o and down products split four ways (K = 2048): prompt logits of 12
-    tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs."""
+    tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs (no
+    prefix caching: a second run would prefill only the uncached tail, through other products)."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -544,19 +545,20 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
                        head_dim=128, intermediate_size=2048)
     assert gemv_triton.tile_config(256, 2048)["split_k"] == 4
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
-              gpu_memory_utilization=0.3)
+              gpu_memory_utilization=0.3, enable_prefix_caching=False)
     prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
 
-    def outputs():
+    def outputs(defer: bool):
+        gemv_triton.DEFER_SUM = defer
+        llm.engine.runner.capture_cuda_graphs()
         return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
 
-    deferred = outputs()
-    gemv_triton.DEFER_SUM = False
+    default = gemv_triton.DEFER_SUM
     try:
-        llm.engine.runner.capture_cuda_graphs()
-        summed = outputs()
+        deferred, summed = outputs(True), outputs(False)
     finally:
-        gemv_triton.DEFER_SUM = True
+        gemv_triton.DEFER_SUM = default
+        llm.engine.runner.capture_cuda_graphs()
     assert torch.equal(deferred[0], summed[0])
     assert deferred[1] == summed[1]
 
