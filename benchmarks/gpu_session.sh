@@ -26,7 +26,9 @@
 #   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call); s16 (the
 #   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds);
 #   procprof (the engine loop profiled in a thread and in its own process, 16 streams);
-#   adaptive (the adaptive MTP engine at batch 1 by forced acceptance).
+#   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s18 (time to ready
+#   with server logs, the import cost, a build profiled with an empty Triton cache, the CUDA
+#   context made in a thread or not).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
