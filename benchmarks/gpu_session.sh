@@ -28,7 +28,8 @@
 #   procprof (the engine loop profiled in a thread and in its own process, 16 streams);
 #   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s18 (time to ready
 #   with server logs, the import cost, a build profiled with an empty Triton cache, the CUDA
-#   context made in a thread or not).
+#   context made in a thread or not); deferred (the deferred split-K sum's GPU tests and the
+#   1.7B batch-1 step with it on).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -255,6 +256,12 @@ s18)      # no model needed, about 4 minutes: time to ready (fresh, warm) with l
   timeout 150 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 2 --checkpoint /tmp/ck18 \
     --log-dir "$OUT/logs" --cprofile "$OUT/cprofile.txt" --json "$OUT/ready.json" 2>&1 | tail -4
   timeout 60 python3 benchmarks/gpu_init_overlap.py --model /tmp/ck18 2>&1 | tail -4
+  ;;
+deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests (off by
+  # default until they pass: gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it on
+  timeout 120 python3 -m pytest -q tests/test_gpu.py -k "deferred or split_k_on" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare deferred_sum \
+    --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -4
   ;;
 s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile (the sort by
   # expert in one kernel), then bench --compare --rounds 6 at 16 and 64 (its interval resolving
