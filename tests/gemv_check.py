@@ -88,3 +88,52 @@ def _check_deferred_sum(device: str, n: int, k: int, split: int) -> int:
                            split_k=split, block_n=16, block_k=one["block_k"]), torch.Tensor)
     assert int(arrival.counters(w.device).abs().sum()) == 0
     return cases
+
+
+def check_deferred_model() -> dict:
+    """A tiny Qwen3 (2 layers, intermediate 2048, so its down products split four ways) through
+    the Triton path under the CPU interpreter (float32; every linear on the skinny product), a
+    9-token prefill and 3 decode steps: logits with the deferred split-K sum bit-equal to those
+    without, both within 1e-4 of the PyTorch path; the partials really flow into the norms.
+    ~1 minute, so not in CI (the deferred sum is off by default; run it when turning it on)::
+
+        TRITON_INTERPRET=1 python -c "import sys; sys.path.insert(0, 'tests'); \\
+            import gemv_check as g; print(g.check_deferred_model())"
+    """
+    import fused_kernel_check as f
+    from harness import tiny_hf_model
+
+    import mtpserve.layers.linear as linear
+    from mtpserve.config import ModelConfig
+    from mtpserve.kernels import gemv_triton as G
+    from mtpserve.models.llama import LlamaForCausalLM
+
+    hf = tiny_hf_model("qwen3", intermediate_size=2048)
+    cfg = ModelConfig.from_hf(hf.config)
+    model = LlamaForCausalLM(cfg, 64).eval()
+    model.load_weights(hf.state_dict().items())
+    ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(4))
+    saved = G.gemv, G.DEFER_SUM, linear.use_gemv
+    deferred = []
+
+    def counting(*a, **k):
+        out = saved[0](*a, **k)
+        deferred.append(isinstance(out, G.SplitKPartials))
+        return out
+
+    G.gemv, linear.use_gemv = counting, (lambda x, w: True)
+    logits = {}
+    try:
+        with torch.inference_mode():
+            ref, _ = f._run_steps(model, ids, "cpu", cfg)
+            for on in (True, False):
+                G.DEFER_SUM = on
+                with f.triton_on_cpu("cpu", True):
+                    logits[on], _ = f._run_steps(model, ids, "cpu", cfg)
+    finally:
+        G.gemv, G.DEFER_SUM, linear.use_gemv = saved
+    assert sum(deferred) == 8, deferred      # 2 down products x (1 prefill + 3 decode steps)
+    assert torch.equal(logits[True], logits[False])
+    err = float((logits[True] - ref).abs().max())
+    assert err <= 1e-4, err
+    return {"partials_summed_by_norms": sum(deferred), "logits_abs_vs_pytorch": err}
