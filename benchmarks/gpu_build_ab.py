@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,9 +31,8 @@ print(json.dumps(time.perf_counter() - t))
 """
 
 
-
 def build_seconds(ckpt: str, switches: list[str]) -> float:
-    env = {**__import__("os").environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-ab-")}
+    env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-ab-")}
     out = subprocess.run([sys.executable, "-c", CHILD, ckpt, json.dumps(switches)], env=env,
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])

@@ -106,15 +106,18 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} "
                          f"{residual.dtype} must match")
     shape, n = x.shape, x.shape[-1]
-    parts = x.parts if isinstance(x, SplitKPartials) else None
-    x2, r2 = (parts[0] if parts is not None else _rows(x)), _rows(residual)
+    if isinstance(x, SplitKPartials):   # [S, M, N] float32: rows of partial s at s * stride(0)
+        src, x2, num_parts = x.parts, x.parts[0], x.parts.shape[0]
+    else:
+        src = x2 = _rows(x)
+        num_parts = 0
+    r2 = _rows(residual)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     _add_rms_norm_kernel[(x2.shape[0],)](
-        parts if parts is not None else x2, r2, weight, out, total, x2.stride(0), r2.stride(0),
-        out.stride(0), total.stride(0), n, eps, parts.stride(0) if parts is not None else 0,
-        ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(n),
-        PARTS=parts.shape[0] if parts is not None else 0, **pdl.launch(r2))
+        src, r2, weight, out, total, x2.stride(0), r2.stride(0), out.stride(0), total.stride(0),
+        n, eps, src.stride(0), ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(n),
+        PARTS=num_parts, **pdl.launch(r2))
     return out.view(shape), total.view(shape)
 
 

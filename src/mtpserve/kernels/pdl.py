@@ -7,8 +7,9 @@ until the previous kernel has finished and its stores are visible (``griddepcont
 before it reads or writes anything, and then lets the next kernel launch
 (``griddepcontrol.launch_dependents``), whose programs get ready while this one works. (An L2
 prefetch of the weights before the wait was measured and dropped, and so was a bulk L2 prefetch
-of the next product's weight issued by the short kernel before it: BENCHMARKS.md, sessions 5, 18.) Kernels not launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the
-wait returns at once after them. CUDA graphs keep these edges when a step is captured.
+of the next product's weight issued by the short kernel before it: BENCHMARKS.md, sessions 5,
+18.) Kernels not launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the wait
+returns at once after them. CUDA graphs keep these edges when a step is captured.
 See the CUDA programming guide, "Programmatic Dependent Launch and Synchronization".
 """
 

@@ -46,11 +46,11 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._product(x, self.bias)
 
-    def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None, defer_sum: bool = False):
         if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
             from mtpserve.kernels.gemv_triton import gemv
 
-            return gemv(x, self.weight, bias)
+            return gemv(x, self.weight, bias, defer_sum=defer_sum)
         return cpu_linear.linear(x, self.weight, bias, self.packed)
 
 
@@ -134,9 +134,7 @@ class RowParallelLinear(LinearBase):
         """``x`` [T, in/tp] -> [T, out] summed over the TP ranks (+ bias). ``defer_sum``: on one
         rank, without bias, a split-K skinny product may return its partials
         (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does)."""
-        if defer_sum and self.tp_size == 1 and self.bias is None and use_gemv(x, self.weight):
-            from mtpserve.kernels.gemv_triton import gemv
-
-            return gemv(x, self.weight, defer_sum=True)
+        if defer_sum and self.tp_size == 1 and self.bias is None:
+            return self._product(x, None, defer_sum=True)
         y = tp_all_reduce(self._product(x, None))
         return y if self.bias is None else y + self.bias
