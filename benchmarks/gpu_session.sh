@@ -257,10 +257,10 @@ s18)      # no model needed, about 4 minutes: time to ready (fresh, warm) with l
     --log-dir "$OUT/logs" --cprofile "$OUT/cprofile.txt" --json "$OUT/ready.json" 2>&1 | tail -4
   timeout 60 python3 benchmarks/gpu_init_overlap.py --model /tmp/ck18 2>&1 | tail -4
   ;;
-deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests (off by
-  # default until they pass: gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it on
+deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
+  # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
   timeout 120 python3 -m pytest -q tests/test_gpu.py -k "deferred or split_k_on" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare deferred_sum \
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --compare no_deferred_sum \
     --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -4
   ;;
 s16)      # no model needed, about 6 minutes: the hybrid's eager prefill profile (the sort by

@@ -54,7 +54,7 @@ def check_deferred_sum(device: str, n: int = 96, k: int = 2048, split: int = 4) 
     the number of cases compared."""
     from mtpserve.kernels import gemv_triton
 
-    default, gemv_triton.DEFER_SUM = gemv_triton.DEFER_SUM, True   # off by default for now
+    default, gemv_triton.DEFER_SUM = gemv_triton.DEFER_SUM, True   # whatever the default
     try:
         return _check_deferred_sum(device, n, k, split)
     finally:

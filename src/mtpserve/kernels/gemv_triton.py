@@ -30,11 +30,10 @@ MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
 ENABLED = True
 # on: a caller that asks to defer a split-K sum (``gemv(..., defer_sum=True)``) gets the partials
-# (SplitKPartials); off, the product's last program sums them as for every other caller. Off
-# until its GPU test (test_gpu.py::test_deferred_split_k_sum_gives_the_same_bits) passes: on the
-# H200 it took the 1.7B batch-1 step from 1.542 to 1.500 ms (BENCHMARKS.md, session 18), but that
-# test's first version failed, unseen why (benchmarks/gpu_decode.py --compare deferred_sum)
-DEFER_SUM = False
+# (SplitKPartials); off, the product's last program sums them as for every other caller. On the
+# H200 it takes the 1.7B batch-1 step from 1.540 to 1.502 ms with the same bits
+# (test_gpu.py::test_deferred_split_k_sum_gives_the_same_bits; BENCHMARKS.md, session 19)
+DEFER_SUM = True
 
 
 @dataclass
