@@ -2,7 +2,8 @@
 grid of tile sizes and split-K factors against cuBLAS (torch.mm), for the weight shapes of the
 benchmark models.
 
-    python benchmarks/gpu_gemv.py [--rows 1 4] [--shapes 1.7b 8b] [--json FILE]
+    python benchmarks/gpu_gemv.py [--rows 1 4] [--shapes 1.7b 8b] [--only NxK ...]
+        [--grid default|wide] [--json FILE]
 
 Prints, per (rows, N, K): cuBLAS microseconds, the current default tile (``tile_config``), the
 best configuration of the grid and its time, and the bandwidth each reaches (weight bytes /
@@ -32,6 +33,14 @@ CONFIGS = ([c + (1,) for c in itertools.product((16, 32, 64), (128, 256, 512), (
            + [c + (s,) for s in (2, 4, 8) for c in itertools.product((16, 32), (128, 256), (4,),
                                                                      (4,))]
            + [(32, 256, 8, 4, 1), (64, 256, 8, 4, 1), (16, 512, 4, 6, 1), (32, 128, 4, 6, 2)])
+# --grid wide: more warps, pipeline depths and splits, and 128-row tiles (session 19)
+WIDE = sorted(set(
+    [c + (4, 1) for c in itertools.product((16, 32, 64, 128), (64, 128, 256, 512), (4, 8))
+     if c[0] * c[1] <= 32768]
+    + [(bn, bk, w, st, 1) for bn, bk in ((32, 128), (32, 256), (64, 128), (64, 64))
+       for w in (4, 8) for st in (2, 3, 6)]
+    + [(bn, bk, w, 4, sp) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (4, 8)
+       for sp in (2, 3, 4)]))
 COLD_BYTES = 192 << 20
 
 
@@ -55,7 +64,7 @@ def graph_time(fn, reps: int = 20) -> float:
     return sorted(times)[2]
 
 
-def sweep(m: int, n: int, k: int) -> dict:
+def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
     """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight."""
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -65,8 +74,8 @@ def sweep(m: int, n: int, k: int) -> dict:
            "cublas_us": graph_time(lambda i: torch.mm(x, ws[i % copies].t())),
            "default": tile_config(n, k)}
     res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
-    best = None
-    for bn, bk, warps, stages, split in CONFIGS:
+    best, res["all"] = None, []
+    for bn, bk, warps, stages, split in configs:
         if split > 1 and k // split < bk:
             continue
         kw = dict(block_n=bn, block_k=bk, num_warps=warps, stages=stages, split_k=split)
@@ -78,32 +87,66 @@ def sweep(m: int, n: int, k: int) -> dict:
         err = ((out.float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (kw, err)
         t = graph_time(lambda i: gemv(x, ws[i % copies], **kw))
+        res["all"].append([bn, bk, warps, stages, split, round(t, 3)])
         if best is None or t < best[0]:
             best = (t, kw)
     res["best_us"], res["best"] = best
     return res
 
 
+def _compile_one(job) -> str:
+    """Compile (and launch once) one configuration in a worker process, for the shared Triton
+    cache; returns an error name or ''."""
+    m, n, k, (bn, bk, warps, stages, split) = job
+    if split > 1 and k // split < bk:
+        return ""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    try:
+        gemv(x, w, block_n=bn, block_k=bk, num_warps=warps, stages=stages, split_k=split)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001  reported by the timing pass
+        return type(e).__name__
+    return ""
+
+
+def precompile(jobs: list, workers: int) -> None:
+    """Compile every (rows, N, K, config) job in ``workers`` processes first: Triton compiles
+    on the CPU, one kernel at a time per process, and the timing pass then loads each from the
+    cache instead of compiling ~100 kernels per shape in turn."""
+    import multiprocessing as mp
+    with mp.get_context("spawn").Pool(workers) as pool:
+        pool.map(_compile_one, jobs, chunksize=4)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--shapes", nargs="+", default=["1.7b", "8b"], choices=list(SHAPES))
+    ap.add_argument("--only", nargs="+", default=None, metavar="NxK",
+                    help="only these weight shapes, e.g. 24576x4096")
+    ap.add_argument("--grid", choices=["default", "wide"], default="default")
+    ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
+                    help="compile all configurations in this many processes first")
     ap.add_argument("--json")
     a = ap.parse_args()
+    grid = WIDE if a.grid == "wide" else CONFIGS
+    picked = [(m, n, k) for m, name in itertools.product(a.rows, a.shapes)
+              for n, k in SHAPES[name] if not a.only or f"{n}x{k}" in a.only]
+    if a.precompile:
+        precompile([(m, n, k, c) for m, n, k in picked for c in grid], a.precompile)
     results = []
-    for m, name in itertools.product(a.rows, a.shapes):
-        for n, k in SHAPES[name]:
-            r = sweep(m, n, k)
-            results.append(r)
-            bw = lambda us: r["gb"] / us * 1e6  # noqa: E731  GB/s
-            dflt = f"default {r['default_us']:7.2f} us ({bw(r['default_us']):5.0f} GB/s)"
-            print(f"rows {m:2} N {n:6} K {k:5}: cuBLAS {r['cublas_us']:7.2f} us "
-                  f"({bw(r['cublas_us']):5.0f} GB/s)  {dflt}  best {r['best_us']:7.2f} us "
-                  f"({bw(r['best_us']):5.0f} GB/s) {r['best']}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
-
+    for m, n, k in picked:
+        r = sweep(m, n, k, grid)
+        results.append(r)
+        if a.json:   # after each shape, so a run cut short keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+        bw = lambda us: r["gb"] / us * 1e6  # noqa: E731  GB/s
+        dflt = f"default {r['default_us']:7.2f} us ({bw(r['default_us']):5.0f} GB/s)"
+        print(f"rows {m:2} N {n:6} K {k:5}: cuBLAS {r['cublas_us']:7.2f} us "
+              f"({bw(r['cublas_us']):5.0f} GB/s)  {dflt}  best {r['best_us']:7.2f} us "
+              f"({bw(r['best_us']):5.0f} GB/s) {r['best']}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -29,7 +29,7 @@
 #   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s18 (time to ready
 #   with server logs, the import cost, a build profiled with an empty Triton cache, the CUDA
 #   context made in a thread or not); deferred (the deferred split-K sum's GPU tests and the
-#   1.7B batch-1 step with it on).
+#   1.7B batch-1 step with it on); s19gemv (the wide tile sweep at one row, the 8B step).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -256,6 +256,14 @@ s18)      # no model needed, about 4 minutes: time to ready (fresh, warm) with l
   timeout 150 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 2 --checkpoint /tmp/ck18 \
     --log-dir "$OUT/logs" --cprofile "$OUT/cprofile.txt" --json "$OUT/ready.json" 2>&1 | tail -4
   timeout 60 python3 benchmarks/gpu_init_overlap.py --model /tmp/ck18 2>&1 | tail -4
+  ;;
+s19gemv)  # no model needed, about 6 minutes: the wide tile sweep of the 1.7B and 8B products
+  # at one row (compiled in 14 processes first), then the 8B batch-1 step as it stands
+  timeout 420 python3 benchmarks/gpu_gemv.py --rows 1 --shapes 8b 1.7b --grid wide --precompile 14 \
+    --only 6144x4096 4096x4096 24576x4096 4096x12288 4096x2048 2048x2048 12288x2048 2048x6144 \
+    --json "$OUT/gemv_wide.json" 2>&1 | grep -v "skip" | tail -12
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --json "$OUT/decode8b.json" 2>&1 \
+    | grep -v "it/s" | tail -3
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
