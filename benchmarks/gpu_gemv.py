@@ -3,7 +3,7 @@ grid of tile sizes and split-K factors against cuBLAS (torch.mm), for the weight
 benchmark models.
 
     python benchmarks/gpu_gemv.py [--rows 1 4] [--shapes 1.7b 8b] [--only NxK ...]
-        [--grid default|wide] [--preload] [--json FILE]
+        [--grid default|wide] [--json FILE]
 
 Prints, per (rows, N, K): cuBLAS microseconds, the current default tile (``tile_config``), the
 best configuration of the grid and its time, and the bandwidth each reaches (weight bytes /
@@ -41,11 +41,6 @@ WIDE = sorted(set(
        for w in (4, 8) for st in (2, 3, 6)]
     + [(bn, bk, w, 4, sp) for bn in (16, 32, 64) for bk in (64, 128, 256) for w in (4, 8)
        for sp in (2, 3, 4)]))
-# --preload: tiles timed with the first weight tile loaded before the PDL wait and without; the
-# shallow pipelines leave shared memory for the next product's programs to sit beside the
-# running ones (session 19)
-PRELOAD_GRID = [(32, 256, 4, 2, 1), (32, 256, 4, 3, 1), (32, 128, 4, 2, 1), (64, 128, 4, 2, 1),
-                (16, 256, 4, 2, 1), (32, 128, 4, 2, 4), (64, 128, 4, 2, 4), (32, 512, 4, 2, 1)]
 COLD_BYTES = 192 << 20
 
 
@@ -124,25 +119,6 @@ def precompile(jobs: list, workers: int) -> None:
         pool.map(_compile_one, jobs, chunksize=4)
 
 
-def preload_rows(m: int, n: int, k: int) -> list:
-    """[config..., microseconds without, with the first tile before the wait] for the default
-    tile and PRELOAD_GRID, rows m of an [n, k] weight."""
-    copies = max(1, -(-COLD_BYTES // (n * k * 2)))
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    d = tile_config(n, k)
-    rows = []
-    for bn, bk, warps, stages, split in [(d["block_n"], d["block_k"], d["num_warps"],
-                                          d["stages"], d["split_k"])] + PRELOAD_GRID:
-        if split > 1 and k // split < bk:
-            continue
-        kw = dict(block_n=bn, block_k=bk, num_warps=warps, stages=stages, split_k=split)
-        t = [graph_time(lambda i: gemv(x, ws[i % copies], preload=p, **kw)) for p in (False, True)]
-        rows.append([bn, bk, warps, stages, split] + [round(v, 3) for v in t])
-        print(f"  N {n:6} K {k:5} {kw}: {t[0]:7.2f} us, preloaded {t[1]:7.2f} us", flush=True)
-    return rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4])
@@ -152,9 +128,6 @@ def main() -> None:
     ap.add_argument("--grid", choices=["default", "wide"], default="default")
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
                     help="compile all configurations in this many processes first")
-    ap.add_argument("--preload", action="store_true",
-                    help="instead of the sweep: the default tile and PRELOAD_GRID with and "
-                         "without the first weight tile loaded before the PDL wait")
     ap.add_argument("--json")
     a = ap.parse_args()
     grid = WIDE if a.grid == "wide" else CONFIGS
@@ -163,12 +136,6 @@ def main() -> None:
     if a.precompile:
         precompile([(m, n, k, c) for m, n, k in picked for c in grid], a.precompile)
     results = []
-    if a.preload:
-        results = [dict(rows=m, n=n, k=k, preload=preload_rows(m, n, k)) for m, n, k in picked]
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(results, f, indent=1)
-        return
     for m, n, k in picked:
         r = sweep(m, n, k, grid)
         results.append(r)

@@ -29,8 +29,7 @@
 #   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s18 (time to ready
 #   with server logs, the import cost, a build profiled with an empty Triton cache, the CUDA
 #   context made in a thread or not); deferred (the deferred split-K sum's GPU tests and the
-#   1.7B batch-1 step with it on); s19gemv (the wide tile sweep at one row, the 8B step); preload (the first weight tile
-#   before the PDL wait or not: tiles, then the 1.7B and 8B steps).
+#   1.7B batch-1 step with it on); s19gemv (the wide tile sweep at one row, the 8B step).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -265,13 +264,6 @@ s19gemv)  # no model needed, about 6 minutes: the wide tile sweep of the 1.7B an
     --json "$OUT/gemv_wide.json" 2>&1 | grep -v "skip" | tail -12
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --json "$OUT/decode8b.json" 2>&1 \
     | grep -v "it/s" | tail -3
-  ;;
-preload)  # no model needed, about 4 minutes: the products with the first weight tile loaded
-  # before the PDL wait and without (tiles alone, then the 1.7B and 8B steps)
-  timeout 200 python3 benchmarks/gpu_gemv.py --rows 1 --shapes 1.7b 8b --preload \
-    --only 4096x2048 2048x2048 12288x2048 2048x6144 4096x4096 --json "$OUT/preload.json" 2>&1 | tail -60
-  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare preload \
-    --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -6
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without

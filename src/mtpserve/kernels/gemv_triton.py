@@ -34,9 +34,6 @@ ENABLED = True
 # H200 it takes the 1.7B batch-1 step from 1.540 to 1.502 ms with the same bits
 # (test_gpu.py::test_deferred_split_k_sum_gives_the_same_bits; BENCHMARKS.md, session 19)
 DEFER_SUM = True
-# on: each program loads its first weight tile before the PDL wait (weights never depend on the
-# previous kernel), so that load's latency overlaps the previous kernel's tail (session 19 trial)
-PRELOAD_FIRST_TILE = False
 
 
 @dataclass
@@ -113,25 +110,15 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                 STAGES: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr,
-                 PRELOAD: tl.constexpr):
+                 STAGES: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    if PRELOAD:   # the first weight tile before the wait: weights do not depend on it
-        k = pid_k * K_SPLIT + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                    mask=nmask[:, None] & (k < K)[None, :], other=0.0)
-        pdl_wait(PDL)
-        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & (k < K)[None, :],
-                    other=0.0)
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
-    else:
-        pdl_wait(PDL)
-    for k0 in tl.range(BLOCK_K if PRELOAD else 0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
         k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
@@ -164,7 +151,7 @@ def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr)
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
-         defer_sum: bool = False, preload: bool | None = None) -> torch.Tensor | SplitKPartials:
+         defer_sum: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
@@ -172,8 +159,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     many programs per output tile, summed in a fixed order by the last (kernels/arrival.py).
     Tile sizes default to :func:`tile_config`; the result of a row does not depend on M.
     ``defer_sum`` (no bias, DEFER_SUM on): a split product returns its partials as
-    :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor. ``preload`` (default
-    PRELOAD_FIRST_TILE) loads the first weight tile before the PDL wait (the same bits). Raises
+    :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor. Raises
     ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, or an ``x`` of
     another width.
     """
@@ -206,5 +192,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, PRELOAD=PRELOAD_FIRST_TILE if preload is None else preload, **pdl.launch(x))
+        DEFER=defer, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
