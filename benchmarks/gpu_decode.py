@@ -154,11 +154,8 @@ def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value)
     """Batch-1 decode and forward times and batch-64 tokens/s with ``module.attr = value``
     (graphs recaptured, then the setting and the graphs restored). Keys of the result start
     with ``label``."""
-    from mtpserve.kernels import gemv_triton
-
     old = getattr(module, attr)
     setattr(module, attr, value)
-    gemv_triton.tile_config.cache_clear()   # for switches of its tiles
     try:
         eng.runner.capture_cuda_graphs()
         step1, _ = decode_run(eng, 1, 128)
@@ -166,7 +163,6 @@ def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value)
         _, tps64 = decode_run(eng, 64, 64)
     finally:
         setattr(module, attr, old)
-        gemv_triton.tile_config.cache_clear()
         eng.runner.capture_cuda_graphs()
     print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
           f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}, b64 {tps64:.0f} tok/s")
@@ -182,7 +178,6 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
                 "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
-                "wide_long_256": (gemv_triton, "WIDE_LONG_TILE", (256, 4)),
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0)}
     out = {}
     for label in which:
@@ -216,13 +211,13 @@ def main() -> None:
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
-                             "deferred_sum", "always_self_merge", "wide_long_256"],
+                             "deferred_sum", "always_self_merge"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
                          "head merging its own), with split products summing their own "
                          "partials or leaving them to the next norm (gemv_triton.DEFER_SUM off "
-                         "/ on), with the 8B q/k/v tile before session 19 (wide_long_256)")
+                         "/ on)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")

@@ -265,13 +265,6 @@ s19gemv)  # no model needed, about 6 minutes: the wide tile sweep of the 1.7B an
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --json "$OUT/decode8b.json" 2>&1 \
     | grep -v "it/s" | tail -3
   ;;
-tiles)    # no model needed, about 3 minutes: the 8B step with the session-19 q/k/v tile and
-  # the one before it, then both dense steps' kernel chains at batch 1
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --compare wide_long_256 \
-    --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -3
-  timeout 200 python3 benchmarks/gpu_profile.py --shapes qwen3-8b qwen3-1.7b --step-trace 1 \
-    --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -3
-  ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
   timeout 120 python3 -m pytest -q tests/test_gpu.py -k "deferred or split_k_on" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15

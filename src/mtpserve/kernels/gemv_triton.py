@@ -34,9 +34,6 @@ ENABLED = True
 # H200 it takes the 1.7B batch-1 step from 1.540 to 1.502 ms with the same bits
 # (test_gpu.py::test_deferred_split_k_sum_gives_the_same_bits; BENCHMARKS.md, session 19)
 DEFER_SUM = True
-# (block_k, stages) of wide weights over a long reduction (8B q/k/v, 6144x4096): 14.7 us against
-# 16.1 with (256, 4) in the wide sweep (benchmarks/gpu_gemv.py --grid wide, session 19)
-WIDE_LONG_TILE = (128, 6)
 
 
 @dataclass
@@ -90,13 +87,13 @@ def tile_config(n: int, k: int) -> dict:
     (an o or down projection) split the reduction four ways (2048x6144: 10.0 us vs cuBLAS's
     own split-K 11.0 us; 2048x2048: 5.9 vs 6.8 unsplit).
     """
-    split, stages = 1, 4
+    split = 1
     if n >= 65536:
         block_n, block_k = 64, 128
     elif n >= 12288:
         block_n, block_k = (32 if k <= 2048 else 64), 128
     elif n >= 6144 and k >= 4096:
-        block_n, (block_k, stages) = 64, WIDE_LONG_TILE
+        block_n, block_k = 64, 256
     elif n >= 4096:
         block_n, block_k = 32, 512 if k >= 2048 else 256
     elif n >= 3072:
@@ -105,7 +102,7 @@ def tile_config(n: int, k: int) -> dict:
         block_n, block_k, split = 32, 128, 4
     else:
         block_n, block_k = 16, 128 if k <= 576 else 256
-    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=stages, split_k=split)
+    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split)
 
 
 @triton.jit
