@@ -265,6 +265,19 @@ s19gemv)  # no model needed, about 6 minutes: the wide tile sweep of the 1.7B an
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --json "$OUT/decode8b.json" 2>&1 \
     | grep -v "it/s" | tail -3
   ;;
+spec)     # no model needed, about 3 minutes (needs ab_old/src: the src/ of the commit to
+  # compare with): the kernels a fresh 1.7B build compiles, the build time of that tree and
+  # this one in turns from empty Triton caches, the 1.7B steps
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck')"
+  TRITON_CACHE_DIR=/tmp/tc python3 -c "import logging; logging.basicConfig(level=logging.INFO)
+from mtpserve import LLM; LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" \
+    2>&1 | grep -E "compiled|captured|built"
+  python3 benchmarks/triton_cache_kernels.py /tmp/tc | tee "$OUT/compiles.txt" | tail -12
+  timeout 200 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck --tree old=ab_old/src \
+    --repeats 4 --json "$OUT/build_ab.json" 2>&1 | tail -3
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/decode.json" \
+    2>&1 | grep -v "it/s" | tail -2
+  ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
   timeout 120 python3 -m pytest -q tests/test_gpu.py -k "deferred or split_k_on" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15

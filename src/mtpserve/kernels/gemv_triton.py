@@ -23,6 +23,7 @@ import triton.language as tl
 
 from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
+from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
 # most rows of x this kernel takes; larger products go to cuBLAS
@@ -105,7 +106,9 @@ def tile_config(n: int, k: int) -> dict:
     return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split)
 
 
-@triton.jit
+# M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16
+# rows would otherwise compile each product three times at start-up
+@triton.jit(**unspecialized(ints=("M",)))
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, sy,
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
