@@ -273,6 +273,7 @@ spec)     # no model needed, about 3 minutes (needs ab_old/src: the src/ of the 
 from mtpserve import LLM; LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" \
     2>&1 | grep -E "compiled|captured|built"
   python3 benchmarks/triton_cache_kernels.py /tmp/tc | tee "$OUT/compiles.txt" | tail -12
+  echo "shared objects (launchers, driver utils) built: $(find /tmp/tc -name '*.so' | wc -l)"
   timeout 200 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck --tree old=ab_old/src \
     --repeats 4 --json "$OUT/build_ab.json" 2>&1 | tail -3
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/decode.json" \
