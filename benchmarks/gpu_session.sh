@@ -279,8 +279,9 @@ logging.basicConfig(level=logging.INFO); from mtpserve import LLM
 LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" 2>&1 | grep -E "compiled|captured"
   python3 benchmarks/triton_cache_kernels.py /tmp/tc_old > "$OUT/compiles_old.txt"; tail -1 "$OUT/compiles_old.txt"
   echo "old tree: shared objects built: $(find /tmp/tc_old -name '*.so' | wc -l)"
-  timeout 200 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck --tree old=ab_old/src \
-    --repeats 4 --json "$OUT/build_ab.json" 2>&1 | tail -3
+  timeout 240 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck --tree old=ab_old/src \
+    --switch warm=mtpserve.kernels.compile_ahead:WARM_UP_AHEAD:true \
+    --repeats 4 --json "$OUT/build_ab.json" 2>&1 | tail -4
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/decode.json" \
     2>&1 | grep -v "it/s" | tail -2
   ;;

@@ -11,6 +11,7 @@ import torch
 
 from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.block_manager import BlockManager
+from mtpserve.kernels import compile_ahead
 from mtpserve.engine.detokenizer import IncrementalDetokenizer
 from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.overlap import (PendingStep, next_token_ids, overlappable,
@@ -46,6 +47,7 @@ class LLMEngine:
         from mtpserve.loader import load_model_files
 
         t0 = time.perf_counter()
+        compile_ahead.warm_up_in_background(config.torch_device())
         files = files or load_model_files(config.model, config.tokenizer)
         self.config = config
         self.tokenizer = files.tokenizer

@@ -19,17 +19,51 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 logger = logging.getLogger(__name__)
 
 _dry = False
+# on: the engine starts Triton's one-time set-up in a thread before it loads the tokenizer and
+# the weights (warm_up_in_background); off until measured (benchmarks/gpu_build_ab.py)
+WARM_UP_AHEAD = False
+_warming: threading.Thread | None = None
 
 
 def dry() -> bool:
     """True inside :func:`compiling_ahead`: Triton launches only compile."""
     return _dry
+
+
+def warm_up_in_background(device) -> None:
+    """On a CUDA ``device`` with WARM_UP_AHEAD on: compile and launch a one-element Triton
+    kernel in a daemon thread, so that Triton's one-time set-up (its driver utilities and the
+    kernel launcher built with the C compiler, the CUDA backend, ptxas found and asked its
+    version) runs while the engine loads the tokenizer and the weights, much of it in
+    subprocesses outside the GIL. :func:`compiling_ahead` waits for the thread first. A failure
+    there is logged and left to the real compiles to meet again."""
+    global _warming
+    if not WARM_UP_AHEAD or getattr(device, "type", device) != "cuda" or _warming is not None:
+        return
+
+    def run():
+        try:
+            import torch
+
+            from mtpserve.kernels.fused_triton import silu_and_mul
+            silu_and_mul(torch.zeros(1, 2, device=device, dtype=torch.bfloat16))
+        except Exception:  # noqa: BLE001  the engine's own compiles report real faults
+            logger.exception("Triton warm-up failed")
+
+    _warming = threading.Thread(target=run, name="triton-warm-up", daemon=True)
+    _warming.start()
+
+
+def _wait_for_warm_up() -> None:
+    if _warming is not None:
+        _warming.join()
 
 
 @contextlib.contextmanager
@@ -47,6 +81,7 @@ def compiling_ahead(threads: int | None = None):
         return
     if _dry:
         raise RuntimeError("compiling_ahead is not reentrant")
+    _wait_for_warm_up()   # it launches a kernel: not while JITFunction.run is replaced
     run = JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):
