@@ -281,7 +281,7 @@ LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" 2>&1 | gr
   echo "old tree: shared objects built: $(find /tmp/tc_old -name '*.so' | wc -l)"
   timeout 240 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck --tree old=ab_old/src \
     --switch warm=mtpserve.kernels.compile_ahead:WARM_UP_AHEAD:true \
-    --repeats 3 --json "$OUT/build_ab.json" 2>&1 | tail -4
+    --repeats 2 --json "$OUT/build_ab.json" 2>&1 | tail -4
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/decode.json" \
     2>&1 | grep -v "it/s" | tail -2
   ;;
