@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 
 _dry = False
 # on: the engine starts Triton's one-time set-up in a thread before it loads the tokenizer and
-# the weights (warm_up_in_background); off until measured (benchmarks/gpu_build_ab.py)
-WARM_UP_AHEAD = False
+# the weights (warm_up_in_background). A fresh 1.7B build (empty Triton cache) took 10.89 and
+# 11.93 s with it, 12.00 and 12.50 s without (benchmarks/gpu_build_ab.py, two repeats in turns,
+# BENCHMARKS.md session 19): a thin measurement, -0.8 s median
+WARM_UP_AHEAD = True
 _warming: threading.Thread | None = None
 
 
@@ -53,7 +55,10 @@ def warm_up_in_background(device) -> None:
             import torch
 
             from mtpserve.kernels.fused_triton import silu_and_mul
-            silu_and_mul(torch.zeros(1, 2, device=device, dtype=torch.bfloat16))
+            # Triton launches on the thread's current device: the engine's, if it names one
+            index = getattr(device, "index", None)
+            with torch.cuda.device(index) if index is not None else contextlib.nullcontext():
+                silu_and_mul(torch.zeros(1, 2, device=device, dtype=torch.bfloat16))
         except Exception:  # noqa: BLE001  the engine's own compiles report real faults
             logger.exception("Triton warm-up failed")
 
