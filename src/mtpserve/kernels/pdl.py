@@ -5,11 +5,12 @@ between the previous kernel's last store and its own first load. Launched with P
 programs may start while the previous kernel is still running: each of our kernels first waits
 until the previous kernel has finished and its stores are visible (``griddepcontrol.wait``),
 before it reads or writes anything, and then lets the next kernel launch
-(``griddepcontrol.launch_dependents``), whose programs get ready while this one works. (An L2
-prefetch of the weights before the wait was measured and dropped, and so was a bulk L2 prefetch
-of the next product's weight issued by the short kernel before it: BENCHMARKS.md, sessions 5,
-18.) Kernels not launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the wait
-returns at once after them. CUDA graphs keep these edges when a step is captured.
+(``griddepcontrol.launch_dependents``), whose programs get ready while this one works.
+Measured and dropped: an L2 prefetch of the weights before the wait, a bulk L2 prefetch of the
+next product's weight issued by the short kernel before it, and loading each product
+program's first weight tile before the wait (BENCHMARKS.md, sessions 5, 18, 19). Kernels not
+launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the wait returns at once
+after them. CUDA graphs keep these edges when a step is captured.
 See the CUDA programming guide, "Programmatic Dependent Launch and Synchronization".
 """
 
