@@ -64,6 +64,11 @@ def graph_time(fn, reps: int = 20) -> float:
     return sorted(times)[2]
 
 
+def _too_split(k: int, block_k: int, split: int) -> bool:
+    """Whether a split leaves each program less than one reduction tile (configuration skipped)."""
+    return split > 1 and k // split < block_k
+
+
 def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
     """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight."""
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
@@ -76,7 +81,7 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
     res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
     best, res["all"] = None, []
     for bn, bk, warps, stages, split in configs:
-        if split > 1 and k // split < bk:
+        if _too_split(k, bk, split):
             continue
         kw = dict(block_n=bn, block_k=bk, num_warps=warps, stages=stages, split_k=split)
         try:
@@ -98,7 +103,7 @@ def _compile_one(job) -> str:
     """Compile (and launch once) one configuration in a worker process, for the shared Triton
     cache; returns an error name or ''."""
     m, n, k, (bn, bk, warps, stages, split) = job
-    if split > 1 and k // split < bk:
+    if _too_split(k, bk, split):
         return ""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -147,6 +152,7 @@ def main() -> None:
         print(f"rows {m:2} N {n:6} K {k:5}: cuBLAS {r['cublas_us']:7.2f} us "
               f"({bw(r['cublas_us']):5.0f} GB/s)  {dflt}  best {r['best_us']:7.2f} us "
               f"({bw(r['best_us']):5.0f} GB/s) {r['best']}", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -29,7 +29,9 @@
 #   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s18 (time to ready
 #   with server logs, the import cost, a build profiled with an empty Triton cache, the CUDA
 #   context made in a thread or not); deferred (the deferred split-K sum's GPU tests and the
-#   1.7B batch-1 step with it on); s19gemv (the wide tile sweep at one row, the 8B step).
+#   1.7B batch-1 step with it on); s19gemv (the wide tile sweep at one row, the 8B step); spec
+#   (a fresh 1.7B build's compiles by kernel, its build time in turns against ab_old/src's and
+#   without the Triton warm-up thread, the 1.7B steps).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -266,8 +268,9 @@ s19gemv)  # no model needed, about 6 minutes: the wide tile sweep of the 1.7B an
     | grep -v "it/s" | tail -3
   ;;
 spec)     # no model needed, about 3 minutes (needs ab_old/src: the src/ of the commit to
-  # compare with): the kernels a fresh 1.7B build compiles, the build time of that tree and
-  # this one in turns from empty Triton caches, the 1.7B steps
+  # compare with): the kernels a fresh 1.7B build compiles, the build time of that tree, this
+  # one and this one without the Triton warm-up thread, in turns from empty Triton caches
+  # (session 19 ran it with --switch warm=...:true, when the warm-up was off), the 1.7B steps
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck')"
   TRITON_CACHE_DIR=/tmp/tc python3 -c "import logging; logging.basicConfig(level=logging.INFO)
 from mtpserve import LLM; LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" \
@@ -280,7 +283,7 @@ LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" 2>&1 | gr
   python3 benchmarks/triton_cache_kernels.py /tmp/tc_old > "$OUT/compiles_old.txt"; tail -1 "$OUT/compiles_old.txt"
   echo "old tree: shared objects built: $(find /tmp/tc_old -name '*.so' | wc -l)"
   timeout 240 python3 benchmarks/gpu_build_ab.py --checkpoint /tmp/ck --tree old=ab_old/src \
-    --switch warm=mtpserve.kernels.compile_ahead:WARM_UP_AHEAD:true \
+    --switch no_warm=mtpserve.kernels.compile_ahead:WARM_UP_AHEAD:false \
     --repeats 2 --json "$OUT/build_ab.json" 2>&1 | tail -4
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/decode.json" \
     2>&1 | grep -v "it/s" | tail -2

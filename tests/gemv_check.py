@@ -95,7 +95,7 @@ def check_deferred_model() -> dict:
     the Triton path under the CPU interpreter (float32; every linear on the skinny product), a
     9-token prefill and 3 decode steps: logits with the deferred split-K sum bit-equal to those
     without, both within 1e-4 of the PyTorch path; the partials really flow into the norms.
-    ~1 minute, so not in CI (the deferred sum is off by default; run it when turning it on)::
+    ~1 minute, so not in CI (run it when changing the deferred sum's wiring)::
 
         TRITON_INTERPRET=1 python -c "import sys; sys.path.insert(0, 'tests'); \\
             import gemv_check as g; print(g.check_deferred_model())"

@@ -11,7 +11,6 @@ import torch
 
 from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.block_manager import BlockManager
-from mtpserve.kernels import compile_ahead
 from mtpserve.engine.detokenizer import IncrementalDetokenizer
 from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.overlap import (PendingStep, next_token_ids, overlappable,
@@ -22,6 +21,7 @@ from mtpserve.engine.sequence import Sequence
 from mtpserve.engine.stats_logger import StatsLogger
 from mtpserve.engine.step_timer import StepTimer
 from mtpserve.engine.validation import validate_request
+from mtpserve.kernels import compile_ahead
 from mtpserve.outputs import RequestOutput
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec import build_proposer, draft_head_bytes
