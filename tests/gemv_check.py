@@ -1,11 +1,12 @@
-"""Checks of the skinny product (kernels/gemv_triton.py) with its split-K reduction, for any
-device: ``"cuda"`` (tests/test_gpu.py) or ``"cpu"`` under Triton's interpreter
-(tests/test_gemv_kernel.py runs this in a subprocess, float32 only)::
+"""Checks of the skinny product (kernels/gemv_triton.py) with its split-K reduction and its
+SwiGLU epilogue over interleaved gate/up rows, for any device: ``"cuda"`` (tests/test_gpu.py) or
+``"cpu"`` under Triton's interpreter (tests/test_gemv_kernel.py runs this in a subprocess,
+float32 inputs only)::
 
     TRITON_INTERPRET=1 python -c "import sys; sys.path.insert(0, 'tests'); \\
         import gemv_check as g; g.check_split_k('cpu')"
 
-Raises AssertionError on a mismatch; returns the worst relative error it measured.
+Raises AssertionError on a mismatch; each check returns what it measured or counted.
 """
 
 from __future__ import annotations
@@ -137,3 +138,160 @@ def check_deferred_model() -> dict:
     err = float((logits[True] - ref).abs().max())
     assert err <= 1e-4, err
     return {"partials_summed_by_norms": sum(deferred), "logits_abs_vs_pytorch": err}
+
+
+def check_swiglu(device: str, shapes=((72, 80), (256, 64)), rows=(1, 3, 16)) -> int:
+    """The SwiGLU epilogue (``gemv(swiglu=True)``) over a gate/up weight [2I, K] with rows
+    interleaved (layers/activation.py), for each shape and row count: bit-equal to
+    ``silu_and_mul`` of the unfused product over the checkpoint-order weight, and to the product
+    over the interleaved weight then ``silu_and_mul(interleaved=True)``; close to a float64
+    reference. CPU (Triton's interpreter, whose bfloat16 products are wrong): float32 inputs,
+    float32 and bfloat16 outputs (the latter with CUDA's rounding of the casts), tiles of 16 x
+    64 (72 rows: a last tile half full). CUDA: bfloat16 with the tiles of ``tile_config``.
+    Returns the number of cases compared."""
+    import fused_kernel_check as f
+
+    with f.interpreter_rounding(device):
+        return sum(_check_swiglu_shape(device, n, k, rows) for n, k in shapes)
+
+
+def _check_swiglu_shape(device: str, n: int, k: int, rows) -> int:
+    from mtpserve.kernels.fused_triton import silu_and_mul
+    from mtpserve.kernels.gemv_triton import gemv
+    from mtpserve.layers.activation import interleave_gate_up
+
+    cpu = device == "cpu"
+    dtype = torch.float32 if cpu else torch.bfloat16
+    g = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=g) * 0.1).to(device, dtype)
+    wi = interleave_gate_up(w)
+    x = torch.randn(max(rows), k, generator=g).to(device, dtype)
+    tiles = dict(block_n=16, block_k=64) if cpu else {}
+    cases = 0
+    for out_dtype in (torch.float32, torch.bfloat16) if cpu else (torch.bfloat16,):
+        for m in rows:
+            kw = dict(out_dtype=out_dtype, **tiles)
+            out = gemv(x[:m], wi, swiglu=True, **kw)
+            assert out.shape == (m, n // 2) and out.dtype == out_dtype
+            assert torch.equal(out, silu_and_mul(gemv(x[:m], w, **kw))), (n, k, m, out_dtype)
+            assert torch.equal(out, silu_and_mul(gemv(x[:m], wi, **kw), interleaved=True))
+            h = x[:m].double() @ w.double().t()
+            ref = torch.nn.functional.silu(h[:, : n // 2]) * h[:, n // 2:]
+            assert _rel(out, ref) < (1e-5 if out_dtype == torch.float32 else 1e-2)
+            cases += 1
+    return cases
+
+
+def check_swiglu_errors(device: str) -> int:
+    """``gemv(swiglu=True)`` raises ValueError with a bias, a split reduction or an odd number
+    of weight rows; ``swiglu_fits`` holds for the 1.7B / 8B gate/up shapes and not for a split
+    one or with SWIGLU_EPILOGUE off. Returns the number of errors raised."""
+    from mtpserve.kernels import gemv_triton
+    from mtpserve.kernels.gemv_triton import gemv
+
+    w = torch.randn(32, 300, device=device)
+    x = torch.randn(2, 300, device=device)
+    calls = [lambda: gemv(x, w, torch.zeros(32, device=device), swiglu=True),
+             lambda: gemv(x, w, block_n=16, block_k=64, split_k=2, swiglu=True),
+             lambda: gemv(x, w[:31], swiglu=True)]
+    raised = 0
+    for call in calls:
+        try:
+            call()
+        except ValueError:
+            raised += 1
+    assert raised == len(calls), raised
+    fits = gemv_triton.swiglu_fits
+    shape = lambda n, k: torch.empty(n, k, device="meta")
+    assert fits(shape(12288, 2048)) and fits(shape(24576, 4096)) and not fits(shape(1536, 2048))
+    default, gemv_triton.SWIGLU_EPILOGUE = gemv_triton.SWIGLU_EPILOGUE, False
+    try:
+        assert not fits(shape(12288, 2048))
+    finally:
+        gemv_triton.SWIGLU_EPILOGUE = default
+    return raised
+
+
+def check_silu_interleaved(device: str) -> int:
+    """``silu_and_mul(interleaved=True)`` over columns (g0, u0, g1, u1, ...) bit-equal to
+    ``silu_and_mul`` over (g0, g1, ..., u0, u1, ...) (float32 and bfloat16; widths whose last
+    block is partial), and the layer's PyTorch fallback (``silu_and_mul_interleaved`` on the
+    CPU) to ``SiluAndMul``'s. Returns the number of cases compared."""
+    import fused_kernel_check as f
+
+    from mtpserve.kernels.fused_triton import silu_and_mul
+    from mtpserve.layers.activation import (SiluAndMul, deinterleave_gate_up, interleave_gate_up,
+                                            silu_and_mul_interleaved)
+
+    cases = 0
+    with f.interpreter_rounding(device):
+        for dtype in (torch.float32, torch.bfloat16):
+            for t, n in ((1, 48), (5, 1100)):
+                h = (torch.randn(t, 2 * n, generator=torch.Generator().manual_seed(n)) * 4)
+                h = h.to(device, dtype)
+                hi = interleave_gate_up(h.t()).t().contiguous()
+                assert torch.equal(deinterleave_gate_up(hi.t()).t(), h)
+                assert torch.equal(silu_and_mul(hi, interleaved=True), silu_and_mul(h))
+                assert torch.equal(silu_and_mul_interleaved(hi.cpu()), SiluAndMul()(h.cpu()))
+                cases += 1
+    return cases
+
+
+def check_interleaved_model(model_type: str = "qwen3") -> dict:
+    """A tiny model (2 layers, hidden 64, intermediate 128) in float32 through the Triton path
+    under the CPU interpreter, every product of at most 16 rows on the skinny product: logits of
+    an 18-token prefill and of a 9-token prefill with 3 decode steps after its gate/up rows are
+    interleaved (``process_weights_after_loading``), with the SwiGLU epilogue on and off,
+    bit-equal to those before; the epilogue really ran. ~20 s::
+
+        TRITON_INTERPRET=1 python -c "import sys; sys.path.insert(0, 'tests'); \\
+            import gemv_check as g; print(g.check_interleaved_model())"
+    """
+    import fused_kernel_check as f
+    from harness import tiny_hf_model
+
+    import mtpserve.layers.activation as act
+    import mtpserve.layers.linear as linear
+    import mtpserve.models.llama as llama
+    from mtpserve.config import ModelConfig
+    from mtpserve.kernels import gemv_triton as G
+    from mtpserve.models.weights import process_weights_after_loading
+
+    hf = tiny_hf_model(model_type)
+    cfg = ModelConfig.from_hf(hf.config)
+    model = llama.LlamaForCausalLM(cfg, 64).eval()
+    model.load_weights(hf.state_dict().items())
+    ids = torch.randint(0, cfg.vocab_size, (18,), generator=torch.Generator().manual_seed(5))
+    saved = (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
+             act.use_triton)
+    fused = []
+
+    def counting(*a, **k):
+        fused.append(k.get("swiglu", False))
+        return saved[0](*a, **k)
+
+    def run():   # the other layers on their PyTorch paths: the interpreter is slow
+        with torch.inference_mode():
+            return torch.cat([f._run_steps(model, ids[:12], "cpu", cfg)[0],
+                              f._run_steps(model, ids, "cpu", cfg, prefill=18)[0]])
+
+    few_rows = lambda x, w: x.shape[0] <= G.MAX_ROWS
+    G.gemv, linear.use_gemv, llama.use_gemv = counting, few_rows, few_rows
+    act.use_triton = lambda x: True   # the SiLU-and-mul kernels
+    try:
+        before = run()
+        llama.use_triton = lambda x: True   # where LlamaMLP interleaves
+        process_weights_after_loading(model)
+        llama.use_triton = saved[4]
+        assert all(layer.mlp.gate_up_interleaved for layer in model.model.layers)
+        fused.clear()
+        on = run()
+        epilogues = sum(fused)
+        G.SWIGLU_EPILOGUE = False
+        off = run()
+    finally:
+        (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
+         act.use_triton) = saved
+    assert epilogues == 2 * 4, fused   # 2 layers x (1 prefill + 3 decode steps)
+    assert torch.equal(on, before) and torch.equal(off, before)
+    return {"swiglu_epilogues": epilogues, "logits": tuple(on.shape)}

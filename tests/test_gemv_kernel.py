@@ -1,8 +1,10 @@
-"""The skinny product's split-K reduction (kernels/gemv_triton.py) on the CPU under Triton's
-interpreter (float32, in a subprocess: tests/interpreted.py). The same checks in bfloat16 on
-CUDA: tests/test_gpu.py."""
+"""The skinny product's split-K reduction and SwiGLU epilogue (kernels/gemv_triton.py) on the
+CPU under Triton's interpreter (float32, in a subprocess: tests/interpreted.py). The same checks
+in bfloat16 on CUDA: tests/test_gpu.py."""
 
 from __future__ import annotations
+
+import pytest
 
 from interpreted import run_interpreted
 
@@ -33,3 +35,39 @@ def test_deferred_split_k_sum_under_triton_interpreter():
     ways, its partials summed by add_rms_norm bit-equal to the product summing them itself then
     the norm, for 1, 3 and 16 rows; unsplit or biased products return the tensor."""
     assert int(run_interpreted(_DEFERRED, timeout=300)) == 3
+
+_SWIGLU = """
+import gemv_check
+print("RESULT", gemv_check.check_swiglu("cpu"), gemv_check.check_silu_interleaved("cpu"))
+"""
+
+_INTERLEAVED_MODEL = """
+import gemv_check
+print("RESULT", gemv_check.check_interleaved_model()["swiglu_epilogues"])
+"""
+
+
+def test_swiglu_epilogue_under_triton_interpreter():
+    """check_swiglu("cpu") and check_silu_interleaved("cpu") of tests/gemv_check.py: the SwiGLU
+    epilogue over interleaved [72, 80] and [256, 64] weights for 1, 3 and 16 rows, float32 and
+    bfloat16 outputs, bit-equal to the product then silu_and_mul (over the checkpoint order, and
+    over the interleaved order with ``interleaved=True``); silu_and_mul(interleaved=True) equal
+    to the plain one on the permuted columns, float32 and bfloat16."""
+    assert run_interpreted(_SWIGLU, timeout=300).split() == ["12", "4"]
+
+
+def test_swiglu_epilogue_rejects_what_it_cannot_take():
+    """A bias, a split reduction or an odd number of weight rows raise ValueError before any
+    launch; swiglu_fits holds for the 1.7B / 8B gate/up shapes, not for a split one or with
+    SWIGLU_EPILOGUE off."""
+    pytest.importorskip("triton")
+    import gemv_check
+
+    assert gemv_check.check_swiglu_errors("cpu") == 3
+
+
+def test_interleaved_gate_up_model_gives_the_same_logits_under_triton_interpreter():
+    """check_interleaved_model() of tests/gemv_check.py: a tiny Qwen3's logits (9-token prefill
+    + 3 decode steps on the skinny product, and an 18-token prefill off it) bit-equal before and
+    after its gate/up rows are interleaved, the SwiGLU epilogue on (8 fused products) and off."""
+    assert int(run_interpreted(_INTERLEAVED_MODEL, timeout=300)) == 8

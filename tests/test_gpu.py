@@ -472,6 +472,76 @@ def test_gemv_split_k_on_cuda():
     assert gemv_check.check_split_k("cuda") < 1e-5
 
 
+@pytest.mark.parametrize("n, k", [(12288, 2048), (24576, 4096)])
+def test_swiglu_epilogue_on_cuda_equals_gemv_then_silu_and_mul(n, k):
+    """tests/gemv_check.py in bfloat16 at the 1.7B and 8B gate/up shapes (unsplit, the tiles of
+    tile_config), 1, 4 and 16 rows: ``gemv(swiglu=True)`` over the interleaved weight bit-equal
+    to gemv then silu_and_mul over the checkpoint order, and to gemv then
+    ``silu_and_mul(interleaved=True)``; silu_and_mul(interleaved=True) bit-equal to the plain
+    kernel on permuted columns; the ValueError cases."""
+    import sys
+    sys.path.insert(0, "tests")
+    import gemv_check
+    from mtpserve.kernels import gemv_triton
+
+    assert gemv_triton.swiglu_fits(torch.empty(n, k, device="meta"))
+    assert gemv_check.check_swiglu("cuda", shapes=((n, k),), rows=(1, 4, 16)) == 3
+    assert gemv_check.check_silu_interleaved("cuda") == 4
+    assert gemv_check.check_swiglu_errors("cuda") == 3
+
+
+@pytest.mark.parametrize("model_type, extra", [("llama", {}), ("qwen3", {}),
+                                               ("llama", {"mlp_bias": True})],
+                         ids=["llama", "qwen3", "llama-mlp-bias"])
+def test_interleaved_gate_up_gives_the_same_logits_on_cuda(tmp_path, model_type, extra):
+    """A tiny random Llama / Qwen3 (bf16, eager) loads with its gate/up rows interleaved
+    (LlamaMLP.process_weights_after_loading): prompt logits of 12 tokens (skinny products, the
+    SwiGLU epilogue on and off; with mlp_bias the product then the interleaved SiLU-and-mul) and
+    of 40 tokens (cuBLAS), and 16 greedy tokens, bit-equal to those after the rows are put back
+    in the checkpoint's order."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness import logits_of_prompt, tiny_hf_model
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM
+    from mtpserve.kernels import gemv_triton
+    from mtpserve.layers.activation import deinterleave_gate_up
+
+    hf = tiny_hf_model(model_type, hidden_size=256, num_attention_heads=16,
+                       num_key_value_heads=4, head_dim=128, intermediate_size=1024, **extra)
+    with torch.no_grad():   # transformers initialises biases to zero
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.1)
+    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
+              gpu_memory_utilization=0.3, enforce_eager=True, enable_prefix_caching=False)
+    mlps = [layer.mlp for layer in llm.engine.runner.model.model.layers]
+    assert all(mlp.gate_up_interleaved for mlp in mlps)
+    assert gemv_triton.swiglu_fits(mlps[0].gate_up_proj.weight)   # 2048 x 256: unsplit
+    prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 42))]
+
+    def outputs():
+        return ([logits_of_prompt(llm.engine, p) for p in prompts], _greedy(llm, prompts, 16))
+
+    interleaved = outputs()
+    default = gemv_triton.SWIGLU_EPILOGUE
+    gemv_triton.SWIGLU_EPILOGUE = False
+    try:
+        unfused = outputs()
+    finally:
+        gemv_triton.SWIGLU_EPILOGUE = default
+    for mlp in mlps:   # back to (gate rows, up rows)
+        for p in (mlp.gate_up_proj.weight, mlp.gate_up_proj.bias):
+            if p is not None:
+                p.data.copy_(deinterleave_gate_up(p.data))
+        mlp.gate_up_interleaved = False
+    plain = outputs()
+    for got in (interleaved, unfused):
+        assert all(torch.equal(a, b) for a, b in zip(got[0], plain[0]))
+        assert got[1] == plain[1]
+
+
 def _moe_router_check():
     import sys
     sys.path.insert(0, "tests")

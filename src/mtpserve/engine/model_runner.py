@@ -17,6 +17,7 @@ from mtpserve.kernels import cpu_linear
 from mtpserve.kernels.paged_attention import (SMALL_QUERY, TritonAttentionMetadata,
                                               build_torch_metadata, partition_size)
 from mtpserve.models.registry import model_class
+from mtpserve.models.weights import process_weights_after_loading
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(prev)
         model.load_weights((n, t.to(self.dtype)) for n, t in files.iter_weights())
+        process_weights_after_loading(model)
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         logger.info("model weights loaded: %.2f GiB on %s in %.1f s", nbytes / 2**30, self.device,
                     time.perf_counter() - t0)

@@ -128,25 +128,34 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(x_ptr, o_ptr, sx, so, n, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                     INTERLEAVED: tl.constexpr = False):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
-    g = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(x_ptr + row * sx + n + cols, mask=mask, other=0.0).to(tl.float32)
+    if INTERLEAVED:   # (g0, u0, g1, u1, ...)
+        g_col, u_col = 2 * cols, 2 * cols + 1
+    else:             # (g0, g1, ..., u0, u1, ...)
+        g_col, u_col = cols, n + cols
+    g = tl.load(x_ptr + row * sx + g_col, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * sx + u_col, mask=mask, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
     tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """``silu(x[:, :n]) * x[:, n:]`` for ``x`` [T, 2n]; returns [T, n]."""
+def silu_and_mul(x: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """``silu(g) * u`` for ``x`` [T, 2n] (unit stride along the last dim) in any float dtype;
+    returns [T, n] in ``x.dtype`` (float32 arithmetic, one rounding). The gates are
+    ``x[:, :n]`` and the ups ``x[:, n:]``, or with ``interleaved`` ``x[:, 0::2]`` and
+    ``x[:, 1::2]`` (a gate/up product whose weight rows were interleaved, models/llama.py)."""
     T, two_n = x.shape
     n = two_n // 2
     out = torch.empty(T, n, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(n))
     _silu_mul_kernel[(T, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), n,
-                                                 BLOCK=block, **pdl.launch(x))
+                                                 BLOCK=block, INTERLEAVED=interleaved,
+                                                 **pdl.launch(x))
     return out
 
 

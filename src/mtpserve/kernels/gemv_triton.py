@@ -7,9 +7,17 @@ weight matrix once, so the step is bound by reading the weights from HBM. This k
 extra memory traffic). Few outputs over a long reduction (a down projection) leave too few
 programs to keep HBM busy, so the reduction is split over ``SPLIT_K`` programs per tile and
 summed by the last of them (kernels/arrival.py). Float32 accumulation; one rounding to the output
-dtype. (A SwiGLU variant with SiLU-and-mul in its epilogue was slower on the H200 with either
-tiling, 1.70 / 1.63 against 1.54 ms per 1.7B batch-1 step, and was removed: BENCHMARKS.md,
-session 16.)
+dtype. (A SwiGLU variant with SiLU-and-mul in its epilogue over two weight streams, the gate
+rows and the up rows far apart, was slower on the H200 with either tiling, 1.70 / 1.63 against
+1.54 ms per 1.7B batch-1 step, and was removed: BENCHMARKS.md, session 16.)
+
+SwiGLU epilogue (``gemv(x, w, swiglu=True)``): a gate/up weight whose rows are interleaved
+pairwise (row 2j the gate row j, row 2j + 1 the up row j; ``LlamaMLP`` reorders them once at load,
+layers/activation.py) is one weight stream, and each tile of ``BLOCK_N`` rows holds
+``BLOCK_N / 2`` whole pairs. The epilogue rounds the tile's products to the output dtype (the bits
+the unfused product stores), pairs neighbouring columns and writes ``silu(g) * u`` as
+``fused_triton.silu_and_mul`` computes it: bit-equal to the product then SiLU-and-mul, without
+the [M, 2I] intermediate or the second kernel.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ ENABLED = True
 # H200 it takes the 1.7B batch-1 step from 1.540 to 1.502 ms with the same bits
 # (test_gpu.py::test_deferred_split_k_sum_gives_the_same_bits; BENCHMARKS.md, session 19)
 DEFER_SUM = True
+# on: LlamaMLP's interleaved gate/up product applies SiLU-and-mul in its epilogue
+# (``gemv(..., swiglu=True)``); off, it runs the product then ``silu_and_mul(interleaved=True)``
+# (benchmarks/gpu_decode.py --compare no_swiglu_epilogue)
+SWIGLU_EPILOGUE = True
 
 
 @dataclass
@@ -106,6 +118,15 @@ def tile_config(n: int, k: int) -> dict:
     return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split)
 
 
+def swiglu_fits(weight: torch.Tensor) -> bool:
+    """Whether ``gemv(x, weight, swiglu=True)`` applies with :func:`tile_config`'s tiles:
+    SWIGLU_EPILOGUE on, an even number of rows [2I] and an unsplit reduction (the 1.7B and 8B
+    gate/up shapes, 12288 x 2048 and 24576 x 4096, are; a narrow tensor-parallel shard over a
+    long reduction may split)."""
+    n, k = weight.shape
+    return SWIGLU_EPILOGUE and n % 2 == 0 and tile_config(n, k)["split_k"] == 1
+
+
 # M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16
 # rows would otherwise compile each product three times at start-up
 @triton.jit(**unspecialized(ints=("M",)))
@@ -113,7 +134,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                 STAGES: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
+                 STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
+                 PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -140,8 +162,25 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
             _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
+    elif SWIGLU:
+        _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
     else:
         _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
+
+
+@triton.jit
+def _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """SiLU-and-mul of the tile's interleaved (gate, up) column pairs: ``acc`` [ROWS, BLOCK_N]
+    float32 -> output columns ``pid_n * BLOCK_N / 2 + j`` of ``y`` [M, N / 2]. Rounds the
+    products to y's dtype first and computes as ``fused_triton._silu_mul_kernel`` does, so the
+    bits equal the product stored, then SiLU-and-mul."""
+    h = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+    g, u = tl.split(tl.reshape(h, (ROWS, BLOCK_N // 2, 2)))
+    y = g / (1.0 + tl.exp(-g)) * u
+    j = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    mask = mmask[:, None] & (j < N // 2)[None, :]
+    tl.store(y_ptr + m[:, None] * sy + j[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -154,7 +193,7 @@ def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr)
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
-         defer_sum: bool = False) -> torch.Tensor | SplitKPartials:
+         defer_sum: bool = False, swiglu: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
@@ -162,9 +201,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     many programs per output tile, summed in a fixed order by the last (kernels/arrival.py).
     Tile sizes default to :func:`tile_config`; the result of a row does not depend on M.
     ``defer_sum`` (no bias, DEFER_SUM on): a split product returns its partials as
-    :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor. Raises
-    ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, or an ``x`` of
-    another width.
+    :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor.
+    ``swiglu``: ``weight`` is a gate/up weight [2I, K] with rows interleaved (gate j, up j);
+    returns ``silu(g) * u`` [M, I], bit-equal to the product followed by
+    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). Raises ``ValueError`` for
+    more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of another width, or
+    ``swiglu`` with a bias, a split reduction or an odd N.
     """
     M = x.shape[0]
     N, K = weight.shape
@@ -172,16 +214,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         cfg = tile_config(N, K)
         block_n, block_k, num_warps, stages, split_k = (
             cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"])
-    if M > MAX_ROWS:
-        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {M}")
-    if weight.stride(-1) != 1:
-        raise ValueError("gemv needs a weight contiguous along its input dimension")
-    if x.shape[1] != K:
-        raise ValueError(f"gemv: x has {x.shape[1]} columns for a weight of {K} inputs")
+    _check(x, weight)
     if x.stride(-1) != 1:
         x = x.contiguous()
     k_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
     split_k = triton.cdiv(K, k_split)
+    if swiglu and (bias is not None or split_k > 1 or N % 2 or block_n % 2):
+        raise ValueError(f"gemv: the SwiGLU epilogue takes an unsplit product of an even number "
+                         f"of rows without bias (split_k {split_k}, N {N}, bias "
+                         f"{bias is not None})")
     defer = defer_sum and DEFER_SUM and split_k > 1 and bias is None
     n_tiles = triton.cdiv(N, block_n)
     if split_k > 1 and n_tiles > arrival.NUM_COUNTERS:
@@ -189,11 +230,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     part = (torch.empty(split_k, M, N, device=x.device, dtype=torch.float32) if split_k > 1
             else weight)
     count = arrival.counters(x.device) if split_k > 1 and not defer else weight
-    y = part if defer else torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    y = part if defer else torch.empty(M, N // 2 if swiglu else N, dtype=out_dtype or x.dtype,
+                                       device=x.device)
     _gemv_kernel[(n_tiles, split_k)](
         x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless :func:`gemv` takes ``x`` and ``weight``."""
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {x.shape[0]}")
+    if weight.stride(-1) != 1:
+        raise ValueError("gemv needs a weight contiguous along its input dimension")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"gemv: x has {x.shape[1]} columns for a weight of {weight.shape[1]} "
+                         f"inputs")

@@ -15,8 +15,8 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
-from mtpserve.kernels.dispatch import use_triton
-from mtpserve.layers.activation import SiluAndMul
+from mtpserve.kernels.dispatch import use_gemv, use_triton
+from mtpserve.layers.activation import SiluAndMul, interleave_gate_up, silu_and_mul_interleaved
 from mtpserve.layers.attention import Attention
 from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mtpserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -84,7 +84,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
+
+    On CUDA, :meth:`process_weights_after_loading` interleaves the gate/up weight rows (gate j,
+    up j), so that a product of a few rows applies SiLU-and-mul in its epilogue
+    (``gemv(swiglu=True)``, kernels/gemv_triton.py) and reads one weight stream; the outputs
+    are the same bits as with the checkpoint's order."""
+
+    # the gate_up_proj rows (and bias) are in interleaved order (:func:`interleave_gate_up`)
+    gate_up_interleaved = False
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -95,7 +103,32 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor):
         """[T, hidden] -> [T, hidden], or the down product's split-K partials for the next norm
         to sum (``RowParallelLinear(defer_sum=True)``)."""
-        return self.down_proj(self.act(self.gate_up_proj(x)), defer_sum=True)
+        h = self._swiglu(x) if self.gate_up_interleaved else self.act(self.gate_up_proj(x))
+        return self.down_proj(h, defer_sum=True)
+
+    def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate(x)) * up(x)`` [T, intermediate / tp] over the interleaved weight: the
+        skinny product with the SwiGLU epilogue where it applies, else the product then the
+        interleaved SiLU-and-mul (prefill, a split reduction, SWIGLU_EPILOGUE off)."""
+        gu = self.gate_up_proj
+        if gu.bias is None and use_gemv(x, gu.weight):
+            from mtpserve.kernels import gemv_triton
+
+            if gemv_triton.swiglu_fits(gu.weight):
+                return gemv_triton.gemv(x, gu.weight, swiglu=True)
+        return silu_and_mul_interleaved(gu(x))
+
+    def process_weights_after_loading(self) -> None:
+        """After the checkpoint is loaded (engine/model_runner.py), where the Triton kernels run
+        (CUDA): reorder this rank's gate/up rows in place so that row 2j is gate row j and row
+        2j + 1 up row j (one temporary copy of the layer's weight). Idempotent."""
+        gu = self.gate_up_proj
+        if self.gate_up_interleaved or not use_triton(gu.weight):
+            return
+        for p in (gu.weight, gu.bias):
+            if p is not None:
+                p.data.copy_(interleave_gate_up(p.data))
+        self.gate_up_interleaved = True
 
 
 class LlamaDecoderLayer(nn.Module):

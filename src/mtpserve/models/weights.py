@@ -52,6 +52,16 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     return loaded
 
 
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Call ``process_weights_after_loading()`` (vLLM's name) on every submodule of ``model``
+    that has it, once the checkpoint is loaded: a layer may reorder or repack its weights for
+    the kernels of its device (``LlamaMLP`` interleaves its gate/up rows on CUDA)."""
+    for module in model.modules():
+        hook = getattr(module, "process_weights_after_loading", None)
+        if callable(hook):
+            hook()
+
+
 def _target(name: str, stacked: tuple) -> tuple[str, object]:
     for ours, theirs, shard in stacked:
         if theirs in name:
