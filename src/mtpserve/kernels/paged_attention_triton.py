@@ -90,40 +90,23 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
         if live > 1:
             tl.debug_barrier()   # the block's partial stores are visible to all its threads
             _merge_heads(m_ptr, l_ptr, acc_ptr, o_ptr, t, h, so_t, so_h, num_parts, live, G,
-                         G_PAD, P_PAD, D, D_PAD)
+                         P_PAD, D, D_PAD)
     elif ARRIVE:   # the last of the pair's programs with a partition merges them all
         if (live > 1) & (tl.program_id(2) < live):
             if arrive_last(count_ptr + t * tl.num_programs(1) + h,
                            tl.minimum(live, tl.num_programs(2))):
                 _merge_heads(m_ptr, l_ptr, acc_ptr, o_ptr, t, h, so_t, so_h, num_parts, live, G,
-                             G_PAD, P_PAD, D, D_PAD)
+                             P_PAD, D, D_PAD)
 
 
 @triton.jit
 def _merge_heads(m_ptr, l_ptr, acc_ptr, o_ptr, t, h, so_t, so_h, num_parts, live, G: tl.constexpr,
-                 G_PAD: tl.constexpr, P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
-    """Merge the ``live`` partitions of the G query heads of KV head ``h`` of token ``t`` into
-    the output, all heads at once (their loads in flight together). Each head's sums run in
-    the order of :func:`_merge_head`, so the bits are the merge kernel's."""
-    g = tl.arange(0, G_PAD)
-    gmask = g < G
-    p = tl.arange(0, P_PAD)
-    d = tl.arange(0, D_PAD)
-    base = (t * tl.num_programs(1) * G + h * G + g) * num_parts      # [G_PAD] first rows
-    m_max = tl.max(tl.load(m_ptr + base[:, None] + p[None, :],
-                           mask=gmask[:, None] & (p[None, :] < live), other=float("-inf"),
-                           cache_modifier=".cg"), axis=1)
-    o = tl.zeros([G_PAD, D_PAD], tl.float32)
-    den = tl.zeros([G_PAD], tl.float32)
-    for j in tl.static_range(P_PAD):
-        on = gmask & (g * 0 + j < live)   # [G_PAD]: the interpreter takes no scalar mask
-        w = tl.exp(tl.load(m_ptr + base + j, mask=on, other=float("-inf"),
-                           cache_modifier=".cg") - m_max)
-        den += tl.load(l_ptr + base + j, mask=on, other=0.0, cache_modifier=".cg") * w
-        o += tl.load(acc_ptr + (base + j)[:, None] * D_PAD + d[None, :], mask=on[:, None],
-                     other=0.0, cache_modifier=".cg") * w[:, None]
-    tl.store(o_ptr + t * so_t + (h * G + g)[:, None] * so_h + d[None, :],
-             (o / den[:, None]).to(o_ptr.dtype.element_ty), mask=gmask[:, None] & (d < D)[None, :])
+                 P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+    """Merge the ``live`` partitions of each of the G query heads of KV head ``h`` of token
+    ``t`` into the output."""
+    for j in range(G):   # not unrolled: each merge unrolls its partitions already
+        _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + j) * so_h,
+                    (t * tl.num_programs(1) * G + h * G + j) * num_parts, live, P_PAD, D, D_PAD)
 
 
 @triton.jit
