@@ -9,13 +9,14 @@ a short context runs its tiles in parallel too; each partition runs an online so
 Gimelshein 2018) for all query heads sharing its KV head (GQA), and the partial results are
 merged. The partitions depend only on the context length and the table width, never on the
 batch, so a token gets the same bits in any batch. How they are run does depend on the batch:
-few tokens get one program per (token, KV head, partition), and the last of a pair's programs
-to finish merges its partitions (an arrival counter, kernels/arrival.py; ``ARRIVAL_MERGE =
-False`` brings back the second kernel that merged before); many tokens (at least
-``SELF_MERGE_PROGRAMS_PER_SM`` (token, KV head) pairs per SM) get one program per (token, KV
-head) that runs its partitions one after another and merges them itself, so no
-program is launched for a partition past the context and no merge kernel runs. The
-plain-PyTorch reference is ``paged_attention.py``."""
+few tokens get one program per (token, KV head, partition) and a second kernel merges; many
+tokens (at least ``SELF_MERGE_PROGRAMS_PER_SM`` (token, KV head) pairs per SM) get one program
+per (token, KV head) that runs its partitions one after another and merges them itself, so no
+program is launched for a partition past the context and no merge kernel runs. (The last of
+a pair's parallel programs merging them, counted by kernels/arrival.py, in place of the merge
+kernel was slower on the H200, one query head after another or all at once, and the latter
+compiled in seconds: BENCHMARKS.md, session 20.) The plain-PyTorch reference is
+``paged_attention.py``."""
 
 from __future__ import annotations
 
@@ -25,8 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpserve.kernels import arrival, pdl
-from mtpserve.kernels.arrival import arrive_last
+from mtpserve.kernels import pdl
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
@@ -36,9 +36,6 @@ MIN_P_PAD = 16   # partitions a merge is compiled for, at least
 # SM; below, the partitions of a pair run in parallel programs (up to PROGRAMS_PER_SM per SM)
 SELF_MERGE_PROGRAMS_PER_SM = 2
 PROGRAMS_PER_SM = 4
-# on: with partitions in parallel programs, the last program of a (token, KV head) to finish
-# merges them (kernels/arrival.py); off: a second kernel merges. The bits are the same.
-ARRIVAL_MERGE = True
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
 
@@ -50,11 +47,11 @@ TILE = 64
 @triton.jit(**unspecialized(ints=("s_tab", "num_parts"),
                             pointers=("tables_ptr", "row_ptr", "len_ptr")))
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
-                    o_ptr, count_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
+                    o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     P_PAD: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
-                    TILE: tl.constexpr, SELF_MERGE: tl.constexpr, ARRIVE: tl.constexpr,
-                    PRECISION: tl.constexpr, PDL: tl.constexpr):
+                    TILE: tl.constexpr, SELF_MERGE: tl.constexpr, PRECISION: tl.constexpr,
+                    PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
     h = tl.program_id(1)
@@ -89,24 +86,10 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     if SELF_MERGE:   # this program ran every partition of its (token, KV head): merge here
         if live > 1:
             tl.debug_barrier()   # the block's partial stores are visible to all its threads
-            _merge_heads(m_ptr, l_ptr, acc_ptr, o_ptr, t, h, so_t, so_h, num_parts, live, G,
-                         P_PAD, D, D_PAD)
-    elif ARRIVE:   # the last of the pair's programs with a partition merges them all
-        if (live > 1) & (tl.program_id(2) < live):
-            if arrive_last(count_ptr + t * tl.num_programs(1) + h,
-                           tl.minimum(live, tl.num_programs(2))):
-                _merge_heads(m_ptr, l_ptr, acc_ptr, o_ptr, t, h, so_t, so_h, num_parts, live, G,
-                             P_PAD, D, D_PAD)
-
-
-@triton.jit
-def _merge_heads(m_ptr, l_ptr, acc_ptr, o_ptr, t, h, so_t, so_h, num_parts, live, G: tl.constexpr,
-                 P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
-    """Merge the ``live`` partitions of each of the G query heads of KV head ``h`` of token
-    ``t`` into the output."""
-    for j in range(G):   # not unrolled: each merge unrolls its partitions already
-        _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + j) * so_h,
-                    (t * tl.num_programs(1) * G + h * G + j) * num_parts, live, P_PAD, D, D_PAD)
+            for j in range(G):   # not unrolled: each merge unrolls its partitions already
+                _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + j) * so_h,
+                            (t * tl.num_programs(1) * G + h * G + j) * num_parts, live,
+                            P_PAD, D, D_PAD)
 
 
 @triton.jit
@@ -200,8 +183,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_size: the longest partition, in context tokens (``partition_size``): a token has
             ``ceil(max_blocks * block_size / part_size)`` partitions;
         grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 merges in
-            the program, more run partitions side by side and the last of them to finish merges
-            (``ARRIVAL_MERGE``; else a second kernel). The output's bits do not depend on it.
+            the program, more run partitions side by side and merge in a second kernel. The
+            output's bits do not depend on it.
 
     Returns:
         [T, Hq, D] in q's dtype.
@@ -220,19 +203,16 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     l = torch.empty_like(m)
     acc = torch.empty(T, Hq, num_parts, d_pad, device=q.device, dtype=torch.float32)
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
-    arrive = grid_parts > 1 and ARRIVAL_MERGE and T * Hkv <= arrival.NUM_COUNTERS
-    count = arrival.counters(q.device) if arrive else m
     # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
     _partial_kernel[(T, Hkv, grid_parts)](
-        q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, count, scale,
+        q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), num_parts, G=G,
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad, P_PAD=p_pad,
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
-        SELF_MERGE=grid_parts == 1, ARRIVE=arrive,
-        PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
+        SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
         **pdl.launch(q))
-    if grid_parts > 1 and not arrive:
+    if grid_parts > 1:
         _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
                                P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))
     return out
