@@ -33,7 +33,8 @@
 #   (a fresh 1.7B build's compiles by kernel, its build time in turns against ab_old/src's and
 #   without the Triton warm-up thread, the 1.7B steps); s20a (the attention's arrival merge:
 #   its GPU tests, the 1.7B and 8B steps with and without it; three fresh 1.7B starts); s20b
-#   (three fresh 1.7B starts first, the SwiGLU epilogue's and attention's GPU tests, both A/B).
+#   (three fresh 1.7B starts first, the SwiGLU epilogue's and attention's GPU tests, both A/B);
+#   s20c (the same after the arrival merge's revert, the epilogue A/B between recaptures).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -315,6 +316,20 @@ s20b)     # no model needed, about 6 minutes: three fresh 1.7B starts of `mtpser
     | tee "$OUT/gpu_tests.log" | tail -8
   timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
     --compare merge_kernel no_swiglu_epilogue --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -8
+  ;;
+s20c)     # no model needed, about 5 minutes: three fresh 1.7B starts first as in s20b, the GPU
+  # tests of the interleaved SwiGLU epilogue, the 1.7B and 8B steps with the epilogue off
+  # between two recaptures with nothing changed
+  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck')"
+  for i in 1 2 3; do
+    timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ck \
+      --json "$OUT/ready-$i.json" --log-dir "$OUT/ready-$i" 2>&1 | tail -1
+  done
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "swiglu or interleaved" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -8
+  timeout 280 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
+    --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
+    | grep -v "it/s" | tail -10
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
