@@ -184,8 +184,9 @@ def _check_swiglu_shape(device: str, n: int, k: int, rows) -> int:
 
 def check_swiglu_errors(device: str) -> int:
     """``gemv(swiglu=True)`` raises ValueError with a bias, a split reduction or an odd number
-    of weight rows; ``swiglu_fits`` holds for the 1.7B / 8B gate/up shapes and not for a split
-    one or with SWIGLU_EPILOGUE off. Returns the number of errors raised."""
+    of weight rows; ``swiglu_fits`` holds for the 8B gate/up shape, for the 1.7B one only with
+    SWIGLU_MIN_K lowered, never for a split one or with SWIGLU_EPILOGUE off. Returns the number
+    of errors raised."""
     from mtpserve.kernels import gemv_triton
     from mtpserve.kernels.gemv_triton import gemv
 
@@ -203,12 +204,14 @@ def check_swiglu_errors(device: str) -> int:
     assert raised == len(calls), raised
     fits = gemv_triton.swiglu_fits
     shape = lambda n, k: torch.empty(n, k, device="meta")
-    assert fits(shape(12288, 2048)) and fits(shape(24576, 4096)) and not fits(shape(1536, 2048))
-    default, gemv_triton.SWIGLU_EPILOGUE = gemv_triton.SWIGLU_EPILOGUE, False
+    assert fits(shape(24576, 4096)) and not fits(shape(12288, 2048))
+    min_k, gemv_triton.SWIGLU_MIN_K = gemv_triton.SWIGLU_MIN_K, 0
     try:
+        assert fits(shape(12288, 2048)) and not fits(shape(1536, 2048))
+        gemv_triton.SWIGLU_EPILOGUE = False
         assert not fits(shape(12288, 2048))
     finally:
-        gemv_triton.SWIGLU_EPILOGUE = default
+        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = True, min_k
     return raised
 
 
@@ -263,7 +266,7 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
     model.load_weights(hf.state_dict().items())
     ids = torch.randint(0, cfg.vocab_size, (18,), generator=torch.Generator().manual_seed(5))
     saved = (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
-             act.use_triton)
+             act.use_triton, G.SWIGLU_MIN_K)
     fused = []
 
     def counting(*a, **k):
@@ -277,6 +280,7 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
 
     few_rows = lambda x, w: x.shape[0] <= G.MAX_ROWS
     G.gemv, linear.use_gemv, llama.use_gemv = counting, few_rows, few_rows
+    G.SWIGLU_MIN_K = 0   # the tiny gate/up weight [256, 64] takes the epilogue too
     act.use_triton = lambda x: True   # the SiLU-and-mul kernels
     try:
         before = run()
@@ -291,7 +295,7 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
         off = run()
     finally:
         (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
-         act.use_triton) = saved
+         act.use_triton, G.SWIGLU_MIN_K) = saved
     assert epilogues == 2 * 4, fused   # 2 layers x (1 prefill + 3 decode steps)
     assert torch.equal(on, before) and torch.equal(off, before)
     return {"swiglu_epilogues": epilogues, "logits": tuple(on.shape)}

@@ -478,13 +478,14 @@ def test_swiglu_epilogue_on_cuda_equals_gemv_then_silu_and_mul(n, k):
     tile_config), 1, 4 and 16 rows: ``gemv(swiglu=True)`` over the interleaved weight bit-equal
     to gemv then silu_and_mul over the checkpoint order, and to gemv then
     ``silu_and_mul(interleaved=True)``; silu_and_mul(interleaved=True) bit-equal to the plain
-    kernel on permuted columns; the ValueError cases."""
+    kernel on permuted columns; the ValueError cases. The model takes the epilogue only at 8B
+    (``swiglu_fits``, SWIGLU_MIN_K)."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
     from mtpserve.kernels import gemv_triton
 
-    assert gemv_triton.swiglu_fits(torch.empty(n, k, device="meta"))
+    assert gemv_triton.swiglu_fits(torch.empty(n, k, device="meta")) == (k >= 4096)
     assert gemv_check.check_swiglu("cuda", shapes=((n, k),), rows=(1, 4, 16)) == 3
     assert gemv_check.check_silu_interleaved("cuda") == 4
     assert gemv_check.check_swiglu_errors("cuda") == 3
@@ -494,7 +495,8 @@ def test_swiglu_epilogue_on_cuda_equals_gemv_then_silu_and_mul(n, k):
                                                ("llama", {"mlp_bias": True})],
                          ids=["llama", "qwen3", "llama-mlp-bias"])
 def test_interleaved_gate_up_gives_the_same_logits_on_cuda(tmp_path, model_type, extra):
-    """A tiny random Llama / Qwen3 (bf16, eager) loads with its gate/up rows interleaved
+    """A tiny random Llama / Qwen3 (bf16, eager), with SWIGLU_MIN_K lowered so that its small
+    gate/up weight qualifies, loads with its rows interleaved
     (LlamaMLP.process_weights_after_loading): prompt logits of 12 tokens (skinny products, the
     SwiGLU epilogue on and off; with mlp_bias the product then the interleaved SiLU-and-mul) and
     of 40 tokens (cuBLAS), and 16 greedy tokens, bit-equal to those after the rows are put back
@@ -514,23 +516,25 @@ def test_interleaved_gate_up_gives_the_same_logits_on_cuda(tmp_path, model_type,
         for name, p in hf.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0, 0.1)
-    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
-              gpu_memory_utilization=0.3, enforce_eager=True, enable_prefix_caching=False)
-    mlps = [layer.mlp for layer in llm.engine.runner.model.model.layers]
-    assert all(mlp.gate_up_interleaved for mlp in mlps)
-    assert gemv_triton.swiglu_fits(mlps[0].gate_up_proj.weight)   # 2048 x 256: unsplit
     prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 42))]
 
     def outputs():
         return ([logits_of_prompt(llm.engine, p) for p in prompts], _greedy(llm, prompts, 16))
 
-    interleaved = outputs()
-    default = gemv_triton.SWIGLU_EPILOGUE
-    gemv_triton.SWIGLU_EPILOGUE = False
+    # the tiny gate/up weight (2048 x 256) is interleaved at load and takes the epilogue too
+    min_k, gemv_triton.SWIGLU_MIN_K = gemv_triton.SWIGLU_MIN_K, 0
     try:
+        llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16",
+                  max_model_len=256, gpu_memory_utilization=0.3, enforce_eager=True,
+                  enable_prefix_caching=False)
+        mlps = [layer.mlp for layer in llm.engine.runner.model.model.layers]
+        assert all(mlp.gate_up_interleaved for mlp in mlps)
+        assert gemv_triton.swiglu_fits(mlps[0].gate_up_proj.weight)   # unsplit
+        interleaved = outputs()
+        gemv_triton.SWIGLU_EPILOGUE = False
         unfused = outputs()
     finally:
-        gemv_triton.SWIGLU_EPILOGUE = default
+        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = True, min_k
     for mlp in mlps:   # back to (gate rows, up rows)
         for p in (mlp.gate_up_proj.weight, mlp.gate_up_proj.bias):
             if p is not None:

@@ -47,6 +47,10 @@ DEFER_SUM = True
 # (``gemv(..., swiglu=True)``); off, it runs the product then ``silu_and_mul(interleaved=True)``
 # (benchmarks/gpu_decode.py --compare no_swiglu_epilogue)
 SWIGLU_EPILOGUE = True
+# ... for gate/up weights of at least this many inputs: on the H200 the epilogue took the 8B
+# batch-1 step (24576 x 4096) from 4.372 to 4.292 ms, but the 1.7B one (12288 x 2048, tiles half
+# as wide) from 1.530 to 1.599 ms (BENCHMARKS.md, session 20, run 3)
+SWIGLU_MIN_K = 4096
 
 
 @dataclass
@@ -119,12 +123,13 @@ def tile_config(n: int, k: int) -> dict:
 
 
 def swiglu_fits(weight: torch.Tensor) -> bool:
-    """Whether ``gemv(x, weight, swiglu=True)`` applies with :func:`tile_config`'s tiles:
-    SWIGLU_EPILOGUE on, an even number of rows [2I] and an unsplit reduction (the 1.7B and 8B
-    gate/up shapes, 12288 x 2048 and 24576 x 4096, are; a narrow tensor-parallel shard over a
-    long reduction may split)."""
+    """Whether ``gemv(x, weight, swiglu=True)`` applies and pays with :func:`tile_config`'s
+    tiles: SWIGLU_EPILOGUE on, at least SWIGLU_MIN_K inputs (the 8B gate/up shape 24576 x 4096
+    has; the 1.7B one, 12288 x 2048, has not), an even number of rows [2I] and an unsplit
+    reduction (a narrow tensor-parallel shard over a long reduction may split)."""
     n, k = weight.shape
-    return SWIGLU_EPILOGUE and n % 2 == 0 and tile_config(n, k)["split_k"] == 1
+    return (SWIGLU_EPILOGUE and k >= SWIGLU_MIN_K and n % 2 == 0
+            and tile_config(n, k)["split_k"] == 1)
 
 
 # M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16

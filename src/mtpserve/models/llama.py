@@ -86,10 +86,10 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
 
-    On CUDA, :meth:`process_weights_after_loading` interleaves the gate/up weight rows (gate j,
-    up j), so that a product of a few rows applies SiLU-and-mul in its epilogue
-    (``gemv(swiglu=True)``, kernels/gemv_triton.py) and reads one weight stream; the outputs
-    are the same bits as with the checkpoint's order."""
+    On CUDA, where it pays (``gemv_triton.swiglu_fits``), :meth:`process_weights_after_loading`
+    interleaves the gate/up weight rows (gate j, up j), so that a product of a few rows applies
+    SiLU-and-mul in its epilogue (``gemv(swiglu=True)``, kernels/gemv_triton.py) and reads one
+    weight stream; the outputs are the same bits as with the checkpoint's order."""
 
     # the gate_up_proj rows (and bias) are in interleaved order (:func:`interleave_gate_up`)
     gate_up_interleaved = False
@@ -120,10 +120,16 @@ class LlamaMLP(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """After the checkpoint is loaded (engine/model_runner.py), where the Triton kernels run
-        (CUDA): reorder this rank's gate/up rows in place so that row 2j is gate row j and row
-        2j + 1 up row j (one temporary copy of the layer's weight). Idempotent."""
+        (CUDA), where the SwiGLU epilogue pays (``gemv_triton.swiglu_fits``: not at the 1.7B
+        shape, which keeps the checkpoint's order and its kernels): reorder this rank's gate/up
+        rows in place so that row 2j is gate row j and row 2j + 1 up row j (one temporary copy
+        of the layer's weight). Idempotent."""
         gu = self.gate_up_proj
         if self.gate_up_interleaved or not use_triton(gu.weight):
+            return
+        from mtpserve.kernels import gemv_triton
+
+        if not gemv_triton.swiglu_fits(gu.weight):
             return
         for p in (gu.weight, gu.bias):
             if p is not None:
