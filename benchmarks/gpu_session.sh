@@ -34,7 +34,8 @@
 #   without the Triton warm-up thread, the 1.7B steps); s20a (the attention's arrival merge:
 #   its GPU tests, the 1.7B and 8B steps with and without it; three fresh 1.7B starts); s20b
 #   (three fresh 1.7B starts first, the SwiGLU epilogue's and attention's GPU tests, both A/B);
-#   s20c (the same after the arrival merge's revert, the epilogue A/B between recaptures).
+#   s20c (the same after the arrival merge's revert, the epilogue A/B between recaptures); s20d
+#   (the whole GPU test file, the three dense shapes with the epilogue A/B).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -330,6 +331,14 @@ s20c)     # no model needed, about 5 minutes: three fresh 1.7B starts first as i
   timeout 280 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -10
+  ;;
+s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-model tests skip
+  # without the GGUF), then the 135M, 1.7B and 8B steps with the SwiGLU epilogue off between two
+  # recaptures (it applies at 8B only)
+  timeout 330 python3 -m pytest -q tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+  timeout 240 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b \
+    --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
+    | grep -v "it/s" | tail -14
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
