@@ -180,11 +180,26 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
+                "swiglu_n64": (gemv_triton, "SWIGLU_BLOCK_N", 64),
+                "swiglu_n128": (gemv_triton, "SWIGLU_BLOCK_N", 128),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
     out = {}
     for label in which:
         out.update(recaptured(eng, shape, label, *switches[label]))
     return out
+
+
+def set_constant(spec: str) -> None:
+    """``MODULE:ATTR:VALUE``: ``MODULE.ATTR = literal_eval(VALUE)`` (``--set``)."""
+    import ast
+    import importlib
+
+    module, attr, value = spec.split(":", 2)
+    mod = importlib.import_module(module)
+    if not hasattr(mod, attr):
+        raise SystemExit(f"--set: {module} has no {attr}")
+    setattr(mod, attr, ast.literal_eval(value))
+    print(f"{module}.{attr} = {getattr(mod, attr)!r}")
 
 
 def sync_steps(eng: LLMEngine, shape: str) -> dict:
@@ -214,7 +229,7 @@ def main() -> None:
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
                              "deferred_sum", "always_self_merge", "no_swiglu_epilogue",
-                             "recaptured"],
+                             "swiglu_n64", "swiglu_n128", "recaptured"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
@@ -222,14 +237,21 @@ def main() -> None:
                          "partials or leaving them to the next norm (gemv_triton.DEFER_SUM off "
                          "/ on), with the interleaved gate/up product followed by a "
                          "SiLU-and-mul kernel instead of its SwiGLU epilogue "
-                         "(gemv_triton.SWIGLU_EPILOGUE off), or with nothing changed "
+                         "(gemv_triton.SWIGLU_EPILOGUE off) or with its tiles 64 / 128 rows "
+                         "wide, or with nothing changed "
                          "(recaptured: the first rows, timed on the graphs captured at start, "
                          "have run slower than recaptured ones; name it first and last to "
                          "bracket the others)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
+                    help="set a module constant before the engines are built, e.g. "
+                         "mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 (VALUE read as a Python "
+                         "literal)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")
     ap.add_argument("--json")
     a = ap.parse_args()
+    for spec in a.set:
+        set_constant(spec)
     if a.token_map_size is not None and (a.token_map_size < 1 or not a.mtp):
         ap.error("--token-map-size needs N >= 1 and --mtp")
     rows = {}
