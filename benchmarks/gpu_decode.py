@@ -180,8 +180,7 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
-                "swiglu_n64": (gemv_triton, "SWIGLU_BLOCK_N", 64),
-                "swiglu_n128": (gemv_triton, "SWIGLU_BLOCK_N", 128),
+
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
     out = {}
     for label in which:
@@ -229,7 +228,7 @@ def main() -> None:
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
                              "deferred_sum", "always_self_merge", "no_swiglu_epilogue",
-                             "swiglu_n64", "swiglu_n128", "recaptured"],
+                             "recaptured"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
@@ -237,8 +236,7 @@ def main() -> None:
                          "partials or leaving them to the next norm (gemv_triton.DEFER_SUM off "
                          "/ on), with the interleaved gate/up product followed by a "
                          "SiLU-and-mul kernel instead of its SwiGLU epilogue "
-                         "(gemv_triton.SWIGLU_EPILOGUE off) or with its tiles 64 / 128 rows "
-                         "wide, or with nothing changed "
+                         "(gemv_triton.SWIGLU_EPILOGUE off), or with nothing changed "
                          "(recaptured: the first rows, timed on the graphs captured at start, "
                          "have run slower than recaptured ones; name it first and last to "
                          "bracket the others)")

@@ -35,8 +35,7 @@
 #   its GPU tests, the 1.7B and 8B steps with and without it; three fresh 1.7B starts); s20b
 #   (three fresh 1.7B starts first, the SwiGLU epilogue's and attention's GPU tests, both A/B);
 #   s20c (the same after the arrival merge's revert, the epilogue A/B between recaptures); s20d
-#   (the whole GPU test file, the three dense shapes with the epilogue A/B); s20e (the
-#   epilogue's tile width at 1.7B and 8B).
+#   (the whole GPU test file, the three dense shapes with the epilogue A/B).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -340,16 +339,6 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
   timeout 240 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b \
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -14
-  ;;
-s20e)     # no model needed, about 4 minutes: the SwiGLU epilogue at the 1.7B shape (interleaved
-  # at load with SWIGLU_MIN_K lowered) off, at tile_config's 32-row tiles, at 64 and 128; the 8B
-  # shape's at 128-row tiles; each between two recaptures
-  timeout 170 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b \
-    --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 \
-    --compare recaptured no_swiglu_epilogue swiglu_n64 swiglu_n128 recaptured \
-    --json "$OUT/decode-1.7b.json" 2>&1 | grep -v "it/s" | tail -7
-  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --compare recaptured swiglu_n128 \
-    recaptured --json "$OUT/decode-8b.json" 2>&1 | grep -v "it/s" | tail -4
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without

@@ -48,12 +48,10 @@ DEFER_SUM = True
 # (benchmarks/gpu_decode.py --compare no_swiglu_epilogue)
 SWIGLU_EPILOGUE = True
 # ... for gate/up weights of at least this many inputs: on the H200 the epilogue took the 8B
-# batch-1 step (24576 x 4096) from 4.372 to 4.292 ms, but the 1.7B one (12288 x 2048, tiles half
-# as wide) from 1.530 to 1.599 ms (BENCHMARKS.md, session 20, run 3)
+# batch-1 step (24576 x 4096) from 4.372 to 4.292 ms, but the 1.7B one (12288 x 2048) from 1.530
+# to 1.599 ms, and there with tiles of 64 or 128 rows too (1.598, 1.618; BENCHMARKS.md, session
+# 20, runs 3 and 5)
 SWIGLU_MIN_K = 4096
-# the epilogue's tile width in weight rows (0: tile_config's; benchmarks/gpu_decode.py
-# --compare swiglu_n64 / swiglu_n128)
-SWIGLU_BLOCK_N = 0
 
 
 @dataclass
@@ -222,8 +220,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         cfg = tile_config(N, K)
         block_n, block_k, num_warps, stages, split_k = (
             cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"])
-        if swiglu and SWIGLU_BLOCK_N:
-            block_n = SWIGLU_BLOCK_N
     _check(x, weight)
     if x.stride(-1) != 1:
         x = x.contiguous()
