@@ -31,11 +31,10 @@
 #   context made in a thread or not); deferred (the deferred split-K sum's GPU tests and the
 #   1.7B batch-1 step with it on); s19gemv (the wide tile sweep at one row, the 8B step); spec
 #   (a fresh 1.7B build's compiles by kernel, its build time in turns against ab_old/src's and
-#   without the Triton warm-up thread, the 1.7B steps); s20a (the attention's arrival merge:
-#   its GPU tests, the 1.7B and 8B steps with and without it; three fresh 1.7B starts); s20b
-#   (three fresh 1.7B starts first, the SwiGLU epilogue's and attention's GPU tests, both A/B);
-#   s20c (the same after the arrival merge's revert, the epilogue A/B between recaptures); s20d
-#   (the whole GPU test file, the three dense shapes with the epilogue A/B).
+#   without the Triton warm-up thread, the 1.7B steps); s20c (three fresh 1.7B starts first,
+#   the SwiGLU epilogue's GPU tests, its A/B between recaptures); s20d (the whole GPU test
+#   file, the three dense shapes with the epilogue A/B). Session 20's stages s20a / s20b timed
+#   the attention's arrival merge, since reverted (BENCHMARKS.md has their commands).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -292,35 +291,10 @@ LLM('/tmp/ck', dtype='bfloat16', max_model_len=4096, max_num_seqs=64)" 2>&1 | gr
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/decode.json" \
     2>&1 | grep -v "it/s" | tail -2
   ;;
-s20a)     # no model needed, about 6 minutes: the attention GPU tests (the last partition program
-  # merging), the 1.7B and 8B steps with it and with the merge kernel, three fresh 1.7B starts
-  # of `mtpserve serve` (each its own empty Triton cache) timed to /health 200
-  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "paged_attention" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 220 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare merge_kernel \
-    --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -6
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck')"
-  for i in 1 2 3; do
-    timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ck \
-      --json "$OUT/ready-$i.json" --log-dir "$OUT/ready-$i" 2>&1 | tail -1
-  done
-  ;;
-s20b)     # no model needed, about 6 minutes: three fresh 1.7B starts of `mtpserve serve` first
-  # (each its own empty Triton cache), then the GPU tests of the interleaved SwiGLU epilogue and
-  # of the attention, then the 1.7B and 8B steps against the merge kernel and the SwiGLU
-  # epilogue switched off
-  python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck')"
-  for i in 1 2 3; do
-    timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ck \
-      --json "$OUT/ready-$i.json" --log-dir "$OUT/ready-$i" 2>&1 | tail -1
-  done
-  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "swiglu or interleaved or paged_attention" 2>&1 \
-    | tee "$OUT/gpu_tests.log" | tail -8
-  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
-    --compare merge_kernel no_swiglu_epilogue --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -8
-  ;;
-s20c)     # no model needed, about 5 minutes: three fresh 1.7B starts first as in s20b, the GPU
-  # tests of the interleaved SwiGLU epilogue, the 1.7B and 8B steps with the epilogue off
-  # between two recaptures with nothing changed
+s20c)     # no model needed, about 5 minutes: three fresh 1.7B starts first (each its own
+  # empty Triton cache, timed to /health 200), the GPU tests of the interleaved SwiGLU
+  # epilogue, the 1.7B and 8B steps with the epilogue off between two recaptures with nothing
+  # changed
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-1.7b', '/tmp/ck')"
   for i in 1 2 3; do
     timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ck \
