@@ -237,9 +237,8 @@ def main() -> None:
                          "/ on), with the interleaved gate/up product followed by a "
                          "SiLU-and-mul kernel instead of its SwiGLU epilogue "
                          "(gemv_triton.SWIGLU_EPILOGUE off), or with nothing changed "
-                         "(recaptured: the first rows, timed on the graphs captured at start, "
-                         "have run slower than recaptured ones; name it first and last to "
-                         "bracket the others)")
+                         "(recaptured: the spread between two captures of the same setting; "
+                         "name it first and last to bracket the others)")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
                     help="set a module constant before the engines are built, e.g. "
                          "mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 (VALUE read as a Python "
