@@ -15,6 +15,8 @@ kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B
 :func:`chain_table`).
 ``--prefill Q ...`` profiles eager prefill forwards of Q tokens of one sequence (ops by host
 and device time, Python functions by own time): ``DIR/<shape>-prefill-q<Q>.txt``.
+``--set MODULE:ATTR:VALUE`` sets a module constant first, as in gpu_decode.py (e.g. the 1.7B
+gate/up with the SwiGLU epilogue: ``mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0``).
 ``--spec-host N`` instead times the host side of engine steps with N code-edit requests decoding
 together on the real SmolLM2 (bf16), speculation off and n-gram on: milliseconds per step spent
 in each engine phase (cProfile cumulative times).
@@ -32,7 +34,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_decode import HYBRID, PROMPT, build, decode_run
+from gpu_decode import HYBRID, PROMPT, build, decode_run, set_constant
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
@@ -281,7 +283,11 @@ def main() -> None:
                     help="profile whole engine steps with B requests (graphs on)")
     ap.add_argument("--prefill", type=int, nargs="+", metavar="Q",
                     help="profile eager prefill forwards of Q tokens of one sequence")
+    ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
+                    help="set a module constant before the engines are built (as gpu_decode.py)")
     a = ap.parse_args()
+    for spec in a.set:
+        set_constant(spec)
     if a.prefill:
         for shape in a.shapes:
             eng, _ = build(shape, True, None)

@@ -33,7 +33,8 @@
 #   (a fresh 1.7B build's compiles by kernel, its build time in turns against ab_old/src's and
 #   without the Triton warm-up thread, the 1.7B steps); s20c (three fresh 1.7B starts first,
 #   the SwiGLU epilogue's GPU tests, its A/B between recaptures); s20d (the whole GPU test
-#   file, the three dense shapes with the epilogue A/B). Session 20's stages s20a / s20b timed
+#   file, the three dense shapes with the epilogue A/B); epilogue (1.7B step traces with the
+#   SwiGLU epilogue and without). Session 20's stages s20a / s20b timed
 #   the attention's arrival merge, since reverted (BENCHMARKS.md has their commands).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
@@ -313,6 +314,15 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
   timeout 240 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b \
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -14
+  ;;
+epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B and not at
+  # 1.7B (session 20): 1.7B batch-1 step traces with the epilogue (gate/up interleaved at load)
+  # and without, what each kernel adds to the step under PDL
+  mkdir -p "$OUT/plain" "$OUT/swiglu"
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b --step-trace 1 --out "$OUT/plain" \
+    2>&1 | grep -v "it/s" | tail -2
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b --step-trace 1 --out "$OUT/swiglu" \
+    --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 2>&1 | grep -v "it/s" | tail -2
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without
