@@ -180,11 +180,11 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
-
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
     out = {}
-    for label in which:
-        out.update(recaptured(eng, shape, label, *switches[label]))
+    for i, label in enumerate(which):   # a label named again keys its row label_2, label_3, ...
+        n = which[:i + 1].count(label)
+        out.update(recaptured(eng, shape, label if n == 1 else f"{label}_{n}", *switches[label]))
     return out
 
 

@@ -22,9 +22,8 @@
 #   synchronous steps under load, each profiled); pool (bench --compare --rounds 3 at 1, 16, 64
 #   after the GPU tests of the MTP engine's async steps); process (the plain server with the
 #   engine loop in a thread and in its own process, in turns); next (process, then the rounds
-#   bench: session 15's first call); short (the GPU tests of the SwiGLU epilogue and the sort by
-#   expert, 1.7B decode with SiLU-and-mul fused and not: session 15's last call); s16 (the
-#   SwiGLU epilogue's two tilings, the hybrid's eager prefill, the rounds bench in 6 rounds);
+#   bench: session 15's first call); s16 (the hybrid's eager prefill, the rounds bench in 6
+#   rounds; session 16 also timed a two-stream SwiGLU epilogue, since removed);
 #   procprof (the engine loop profiled in a thread and in its own process, 16 streams);
 #   adaptive (the adaptive MTP engine at batch 1 by forced acceptance); s18 (time to ready
 #   with server logs, the import cost, a build profiled with an empty Triton cache, the CUDA

@@ -205,13 +205,14 @@ def check_swiglu_errors(device: str) -> int:
     fits = gemv_triton.swiglu_fits
     shape = lambda n, k: torch.empty(n, k, device="meta")
     assert fits(shape(24576, 4096)) and not fits(shape(12288, 2048))
-    min_k, gemv_triton.SWIGLU_MIN_K = gemv_triton.SWIGLU_MIN_K, 0
+    saved = gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K
+    gemv_triton.SWIGLU_MIN_K = 0
     try:
         assert fits(shape(12288, 2048)) and not fits(shape(1536, 2048))
         gemv_triton.SWIGLU_EPILOGUE = False
         assert not fits(shape(12288, 2048))
     finally:
-        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = True, min_k
+        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = saved
     return raised
 
 
@@ -245,7 +246,8 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
     under the CPU interpreter, every product of at most 16 rows on the skinny product: logits of
     an 18-token prefill and of a 9-token prefill with 3 decode steps after its gate/up rows are
     interleaved (``process_weights_after_loading``), with the SwiGLU epilogue on and off,
-    bit-equal to those before; the epilogue really ran. ~20 s::
+    bit-equal to those before; the epilogue really ran (and not when off); loading weights
+    again raises ValueError. ~20 s::
 
         TRITON_INTERPRET=1 python -c "import sys; sys.path.insert(0, 'tests'); \\
             import gemv_check as g; print(g.check_interleaved_model())"
@@ -292,10 +294,17 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
         on = run()
         epilogues = sum(fused)
         G.SWIGLU_EPILOGUE = False
+        fused.clear()
         off = run()
+        assert fused and not any(fused), fused   # products ran, none with the epilogue
     finally:
         (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
          act.use_triton, G.SWIGLU_MIN_K) = saved
     assert epilogues == 2 * 4, fused   # 2 layers x (1 prefill + 3 decode steps)
     assert torch.equal(on, before) and torch.equal(off, before)
+    try:   # a checkpoint loaded again would land in the other row order
+        model.load_weights(hf.state_dict().items())
+        raise AssertionError("load_weights after the interleave did not raise")
+    except ValueError as e:
+        assert "interleaved" in str(e), e
     return {"swiglu_epilogues": epilogues, "logits": tuple(on.shape)}

@@ -36,6 +36,7 @@ def test_deferred_split_k_sum_under_triton_interpreter():
     the norm, for 1, 3 and 16 rows; unsplit or biased products return the tensor."""
     assert int(run_interpreted(_DEFERRED, timeout=300)) == 3
 
+
 _SWIGLU = """
 import gemv_check
 print("RESULT", gemv_check.check_swiglu("cpu"), gemv_check.check_silu_interleaved("cpu"))

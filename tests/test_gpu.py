@@ -498,9 +498,9 @@ def test_interleaved_gate_up_gives_the_same_logits_on_cuda(tmp_path, model_type,
     """A tiny random Llama / Qwen3 (bf16, eager), with SWIGLU_MIN_K lowered so that its small
     gate/up weight qualifies, loads with its rows interleaved
     (LlamaMLP.process_weights_after_loading): prompt logits of 12 tokens (skinny products, the
-    SwiGLU epilogue on and off; with mlp_bias the product then the interleaved SiLU-and-mul) and
-    of 40 tokens (cuBLAS), and 16 greedy tokens, bit-equal to those after the rows are put back
-    in the checkpoint's order."""
+    SwiGLU epilogue on and off) and of 40 tokens (cuBLAS), and 16 greedy tokens, bit-equal to
+    those after the rows are put back in the checkpoint's order. With mlp_bias (the epilogue
+    takes no bias) the rows stay in the checkpoint's order."""
     import sys
     sys.path.insert(0, "tests")
     from harness import logits_of_prompt, tiny_hf_model
@@ -522,19 +522,23 @@ def test_interleaved_gate_up_gives_the_same_logits_on_cuda(tmp_path, model_type,
         return ([logits_of_prompt(llm.engine, p) for p in prompts], _greedy(llm, prompts, 16))
 
     # the tiny gate/up weight (2048 x 256) is interleaved at load and takes the epilogue too
-    min_k, gemv_triton.SWIGLU_MIN_K = gemv_triton.SWIGLU_MIN_K, 0
+    saved = gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K
+    gemv_triton.SWIGLU_MIN_K = 0
     try:
         llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16",
                   max_model_len=256, gpu_memory_utilization=0.3, enforce_eager=True,
                   enable_prefix_caching=False)
         mlps = [layer.mlp for layer in llm.engine.runner.model.model.layers]
+        if extra.get("mlp_bias"):
+            assert not any(mlp.gate_up_interleaved for mlp in mlps)
+            return
         assert all(mlp.gate_up_interleaved for mlp in mlps)
         assert gemv_triton.swiglu_fits(mlps[0].gate_up_proj.weight)   # unsplit
         interleaved = outputs()
         gemv_triton.SWIGLU_EPILOGUE = False
         unfused = outputs()
     finally:
-        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = True, min_k
+        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = saved
     for mlp in mlps:   # back to (gate rows, up rows)
         for p in (mlp.gate_up_proj.weight, mlp.gate_up_proj.bias):
             if p is not None:

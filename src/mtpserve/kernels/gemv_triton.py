@@ -45,7 +45,8 @@ ENABLED = True
 DEFER_SUM = True
 # on: LlamaMLP's interleaved gate/up product applies SiLU-and-mul in its epilogue
 # (``gemv(..., swiglu=True)``); off, it runs the product then ``silu_and_mul(interleaved=True)``
-# (benchmarks/gpu_decode.py --compare no_swiglu_epilogue)
+# (benchmarks/gpu_decode.py --compare no_swiglu_epilogue). The rows are interleaved at load only
+# where it applies then (``swiglu_fits``): a weight left in checkpoint order keeps SiluAndMul
 SWIGLU_EPILOGUE = True
 # ... for gate/up weights of at least this many inputs: on the H200 the epilogue took the 8B
 # batch-1 step (24576 x 4096) from 4.372 to 4.292 ms, but the 1.7B one (12288 x 2048) from 1.530

@@ -123,9 +123,12 @@ class LlamaMLP(nn.Module):
         (CUDA), where the SwiGLU epilogue pays (``gemv_triton.swiglu_fits``: not at the 1.7B
         shape, which keeps the checkpoint's order and its kernels): reorder this rank's gate/up
         rows in place so that row 2j is gate row j and row 2j + 1 up row j (one temporary copy
-        of the layer's weight). Idempotent."""
+        of the layer's weight). Only a bias-free weight that a one-row product would send to the
+        skinny kernel qualifies (16-bit, CUDA, ``gemv_triton.ENABLED``): the epilogue never runs
+        on others. Idempotent; :meth:`LlamaForCausalLM.load_weights` refuses to load after it."""
         gu = self.gate_up_proj
-        if self.gate_up_interleaved or not use_triton(gu.weight):
+        if (self.gate_up_interleaved or gu.bias is not None or not use_triton(gu.weight)
+                or not use_gemv(gu.weight[:1], gu.weight)):
             return
         from mtpserve.kernels import gemv_triton
 
@@ -206,7 +209,12 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named tensors; raises ``ValueError`` for unknown or missing ones."""
+        """Load HF-named tensors; raises ``ValueError`` for unknown or missing ones, or once the
+        gate/up rows were interleaved (``LlamaMLP.process_weights_after_loading``): a
+        checkpoint's rows would land in the other order."""
+        if any(layer.mlp.gate_up_interleaved for layer in self.model.layers):
+            raise ValueError("load_weights after process_weights_after_loading: the gate/up "
+                             "rows are interleaved")
         skip = ("rotary_emb.inv_freq",) + (("lm_head.",) if self.config.tie_word_embeddings else ())
         loaded = load_weights(self, weights, skip=skip)
         if self.config.tie_word_embeddings:
