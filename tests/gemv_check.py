@@ -267,8 +267,8 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
     model = llama.LlamaForCausalLM(cfg, 64).eval()
     model.load_weights(hf.state_dict().items())
     ids = torch.randint(0, cfg.vocab_size, (18,), generator=torch.Generator().manual_seed(5))
-    saved = (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
-             act.use_triton, G.SWIGLU_MIN_K)
+    saved = (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, act.use_triton,
+             G.SWIGLU_MIN_K)
     fused = []
 
     def counting(*a, **k):
@@ -286,9 +286,7 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
     act.use_triton = lambda x: True   # the SiLU-and-mul kernels
     try:
         before = run()
-        llama.use_triton = lambda x: True   # where LlamaMLP interleaves
-        process_weights_after_loading(model)
-        llama.use_triton = saved[4]
+        process_weights_after_loading(model)   # few_rows stands in for use_gemv there too
         assert all(layer.mlp.gate_up_interleaved for layer in model.model.layers)
         fused.clear()
         on = run()
@@ -298,8 +296,8 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
         off = run()
         assert fused and not any(fused), fused   # products ran, none with the epilogue
     finally:
-        (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, llama.use_triton,
-         act.use_triton, G.SWIGLU_MIN_K) = saved
+        (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, act.use_triton,
+         G.SWIGLU_MIN_K) = saved
     assert epilogues == 2 * 4, fused   # 2 layers x (1 prefill + 3 decode steps)
     assert torch.equal(on, before) and torch.equal(off, before)
     try:   # a checkpoint loaded again would land in the other row order

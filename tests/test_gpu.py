@@ -539,10 +539,9 @@ def test_interleaved_gate_up_gives_the_same_logits_on_cuda(tmp_path, model_type,
         unfused = outputs()
     finally:
         gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = saved
-    for mlp in mlps:   # back to (gate rows, up rows)
-        for p in (mlp.gate_up_proj.weight, mlp.gate_up_proj.bias):
-            if p is not None:
-                p.data.copy_(deinterleave_gate_up(p.data))
+    for mlp in mlps:   # back to (gate rows, up rows); interleaved weights have no bias
+        w = mlp.gate_up_proj.weight
+        w.data.copy_(deinterleave_gate_up(w.data))
         mlp.gate_up_interleaved = False
     plain = outputs()
     for got in (interleaved, unfused):

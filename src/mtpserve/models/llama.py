@@ -110,8 +110,8 @@ class LlamaMLP(nn.Module):
         """``silu(gate(x)) * up(x)`` [T, intermediate / tp] over the interleaved weight: the
         skinny product with the SwiGLU epilogue where it applies, else the product then the
         interleaved SiLU-and-mul (prefill, a split reduction, SWIGLU_EPILOGUE off)."""
-        gu = self.gate_up_proj
-        if gu.bias is None and use_gemv(x, gu.weight):
+        gu = self.gate_up_proj   # interleaved only without a bias (the hook below)
+        if use_gemv(x, gu.weight):
             from mtpserve.kernels import gemv_triton
 
             if gemv_triton.swiglu_fits(gu.weight):
@@ -124,19 +124,18 @@ class LlamaMLP(nn.Module):
         shape, which keeps the checkpoint's order and its kernels): reorder this rank's gate/up
         rows in place so that row 2j is gate row j and row 2j + 1 up row j (one temporary copy
         of the layer's weight). Only a bias-free weight that a one-row product would send to the
-        skinny kernel qualifies (16-bit, CUDA, ``gemv_triton.ENABLED``): the epilogue never runs
-        on others. Idempotent; :meth:`LlamaForCausalLM.load_weights` refuses to load after it."""
+        skinny kernel qualifies (``use_gemv``: 16-bit, CUDA with Triton, ``gemv_triton.ENABLED``):
+        the epilogue never runs on others. Idempotent; :meth:`LlamaForCausalLM.load_weights`
+        refuses to load after it."""
         gu = self.gate_up_proj
-        if (self.gate_up_interleaved or gu.bias is not None or not use_triton(gu.weight)
+        if (self.gate_up_interleaved or gu.bias is not None
                 or not use_gemv(gu.weight[:1], gu.weight)):
             return
         from mtpserve.kernels import gemv_triton
 
         if not gemv_triton.swiglu_fits(gu.weight):
             return
-        for p in (gu.weight, gu.bias):
-            if p is not None:
-                p.data.copy_(interleave_gate_up(p.data))
+        gu.weight.data.copy_(interleave_gate_up(gu.weight.data))
         self.gate_up_interleaved = True
 
 
