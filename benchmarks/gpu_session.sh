@@ -33,7 +33,8 @@
 #   without the Triton warm-up thread, the 1.7B steps); s20c (three fresh 1.7B starts first,
 #   the SwiGLU epilogue's GPU tests, its A/B between recaptures); s20d (the whole GPU test
 #   file, the three dense shapes with the epilogue A/B); epilogue (1.7B step traces with the
-#   SwiGLU epilogue and without). Session 20's stages s20a / s20b timed
+#   SwiGLU epilogue and without); persistent (the persistent MLP kernel's GPU tests and its A/B
+#   at 1.7B and 8B). Session 20's stages s20a / s20b timed
 #   the attention's arrival merge, since reverted (BENCHMARKS.md has their commands).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
@@ -322,6 +323,16 @@ epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B
     2>&1 | grep -v "it/s" | tail -2
   timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b --step-trace 1 --out "$OUT/swiglu" \
     --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 2>&1 | grep -v "it/s" | tail -2
+  ;;
+persistent) # no model needed, about 6 minutes: the persistent SwiGLU MLP kernel
+  # (kernels/mlp_triton.py, session 21): its GPU tests with the SwiGLU epilogue's, then the 1.7B
+  # and 8B steps with it and without, its prefetch and programs varied, between recaptures
+  timeout 240 python3 -m pytest -q tests/test_gpu.py -k "persistent or swiglu or interleaved" \
+    2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
+    --set mtpserve.kernels.mlp_triton:ENABLED:True --compare recaptured no_persistent_mlp \
+    mlp_no_prefetch mlp_prefetch_first mlp_one_per_sm recaptured --json "$OUT/decode.json" \
+    2>&1 | grep -v "it/s" | tail -16
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without

@@ -149,15 +149,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
-    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
-        k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)
-        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                    other=0.0)
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    acc = tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, pid_k * K_SPLIT, K, K_SPLIT,
+                   PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES, False)
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -170,13 +163,37 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                 acc += tl.load(part + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
             _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
     elif SWIGLU:
-        _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
+        store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
     else:
         _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
 
 
 @triton.jit
-def _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS: tl.constexpr,
+def tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
+             PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             ROWS: tl.constexpr, STAGES: tl.constexpr, X_FROM_L2: tl.constexpr):
+    """``x[m, k] @ w[n, k]^T`` over ``k`` in [k_start, k_start + K_SPLIT) ∩ [0, K): the float32
+    [ROWS, BLOCK_N] tile of one program, accumulated ``BLOCK_K`` inputs at a time in order (the
+    bits depend on BLOCK_K, not on the rows of ``x`` beside a row). ``X_FROM_L2``: ``x`` is read
+    past the SM's L1 (``.cg``), for an ``x`` that other programs of this kernel wrote
+    (kernels/mlp_triton.py)."""
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+        k = k_start + k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        xp = x_ptr + m[:, None] * sx + k[None, :]
+        if X_FROM_L2:
+            x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0, cache_modifier=".cg")
+        else:
+            x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS: tl.constexpr,
                   BLOCK_N: tl.constexpr):
     """SiLU-and-mul of the tile's interleaved (gate, up) column pairs: ``acc`` [ROWS, BLOCK_N]
     float32 -> output columns ``pid_n * BLOCK_N / 2 + j`` of ``y`` [M, N / 2]. Rounds the
