@@ -91,3 +91,52 @@ def check_graph_replay(k: int = 2048, i: int = 6144, n: int = 2048, replays: int
         assert torch.equal(out.parts, mlp_triton.swiglu_mlp(x, w_gu, w_d).parts), r
         assert int(grid_barrier.counters(x.device).abs().sum()) == 0, r
     return replays
+
+
+def check_persistent_model(model_type: str = "qwen3") -> int:
+    """A tiny model (2 layers, hidden 64, intermediate 128) in float32 under the CPU interpreter,
+    every product of at most 16 rows on the skinny product: with ``mlp_triton.ENABLED`` its
+    gate/up rows are interleaved at load, each MLP of a 9-token prefill and its 3 decode steps
+    runs the persistent kernel (counted; the 18-token prefill, over MAX_ROWS, does not), and
+    the logits of both are within
+    1e-5 of those of the separate kernels before the interleave. Returns the kernels counted."""
+    import fused_kernel_check as f
+    from harness import tiny_hf_model
+
+    import mtpserve.layers.linear as linear
+    import mtpserve.models.llama as llama
+    from mtpserve.config import ModelConfig
+    from mtpserve.kernels import mlp_triton as P
+    from mtpserve.models.weights import process_weights_after_loading
+
+    hf = tiny_hf_model(model_type)
+    cfg = ModelConfig.from_hf(hf.config)
+    model = llama.LlamaForCausalLM(cfg, 64).eval()
+    model.load_weights(hf.state_dict().items())
+    ids = torch.randint(0, cfg.vocab_size, (18,), generator=torch.Generator().manual_seed(5))
+    saved = P.swiglu_mlp, P.ENABLED, linear.use_gemv, llama.use_gemv
+    calls = []
+
+    def counting(*a, **k):
+        calls.append(a[0].shape[0])
+        return saved[0](*a, **k)
+
+    def run():   # the other layers on their PyTorch paths: the interpreter is slow
+        with torch.inference_mode():
+            return torch.cat([f._run_steps(model, ids[:12], "cpu", cfg)[0],
+                              f._run_steps(model, ids, "cpu", cfg, prefill=18)[0]])
+
+    few_rows = lambda x, w: x.shape[0] <= 16
+    linear.use_gemv, llama.use_gemv = few_rows, few_rows
+    try:
+        before = run()
+        P.swiglu_mlp, P.ENABLED = counting, True
+        process_weights_after_loading(model)   # few_rows stands in for use_gemv there too
+        assert all(layer.mlp.gate_up_interleaved for layer in model.model.layers)
+        on = run()
+    finally:
+        P.swiglu_mlp, P.ENABLED, linear.use_gemv, llama.use_gemv = saved
+    assert sorted(calls) == [1] * 6 + [9, 9], calls   # 2 layers x (9-token prefill + 3 steps)
+    err = ((on - before).norm() / before.norm()).item()
+    assert err < 1e-5, err
+    return len(calls)

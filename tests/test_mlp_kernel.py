@@ -46,3 +46,16 @@ def test_swiglu_mlp_rejects_what_it_cannot_take():
                  (x.double(), w_gu, w_d)):
         with pytest.raises(ValueError, match="swiglu_mlp: x"):
             swiglu_mlp(*args)
+
+
+_MODEL = """
+import mlp_check
+print("RESULT", mlp_check.check_persistent_model())
+"""
+
+
+def test_persistent_mlp_in_a_tiny_model_under_triton_interpreter():
+    """check_persistent_model() of tests/mlp_check.py: a tiny Qwen3 (float32) with the
+    persistent MLP on: 8 kernels (2 layers x (a 9-token prefill + 3 decode steps)), the
+    logits of those and of an 18-token prefill within 1e-5 of the separate kernels' over the checkpoint's row order."""
+    assert int(run_interpreted(_MODEL, timeout=300)) == 8

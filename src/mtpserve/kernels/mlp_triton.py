@@ -48,6 +48,8 @@ PROGRAMS_PER_SM = 2
 # L2 prefetch of each program's down-weight tile: 0 none, 1 before phase A, 2 after it
 PREFETCH = 2
 _PHASE_BOTH, _PHASE_A, _PHASE_B = 0, 1, 2
+# programs under Triton's CPU interpreter (tests)
+_INTERPRETER_PROGRAMS = 4
 
 
 @functools.cache
@@ -175,7 +177,8 @@ def swiglu_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     ``w_down`` [N, I], both of x's 16-bit dtype (float32 too under the interpreter), contiguous
     along their inputs. Returns ``SplitKPartials`` of [S, M, N] float32 partials (the output in
     x's dtype is their sum in order, rounded once), bit-equal to the skinny product's with the
-    tiles of :func:`plan`. ``progs`` overrides the program count (the interpreter's tests).
+    tiles of :func:`plan`. ``progs`` overrides the program count (default: :func:`programs` on
+    CUDA, 4 under the interpreter).
     Raises ``ValueError`` where :func:`fits` (ENABLED aside) does not hold."""
     M, K = x.shape
     two_i, N = w_gate_up.shape[0], w_down.shape[0]
@@ -186,7 +189,7 @@ def swiglu_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                          f"{tuple(w_gate_up.shape)} {w_gate_up.dtype}, down "
                          f"{tuple(w_down.shape)} {w_down.dtype} do not fit")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    progs = progs or programs(x.device.index or 0)
+    progs = progs or (programs(x.device.index or 0) if x.is_cuda else _INTERPRETER_PROGRAMS)
     cfg = plan(two_i, K, N, progs)
     bk = cfg["b_block_k"]
     b_k_split = triton.cdiv(triton.cdiv(two_i // 2, cfg["b_split"]), bk) * bk
