@@ -181,9 +181,7 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_persistent_mlp": (mlp_triton, "ENABLED", False),
-                "mlp_no_prefetch": (mlp_triton, "PREFETCH", 0),
-                "mlp_prefetch_first": (mlp_triton, "PREFETCH", 1),
-                "mlp_one_per_sm": (mlp_triton, "PROGRAMS_PER_SM", 1),
+                "mlp_rounds": (mlp_triton, "ONE_ROUND", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
     out = {}
     for i, label in enumerate(which):   # a label named again keys its row label_2, label_3, ...
@@ -232,8 +230,7 @@ def main() -> None:
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
                              "deferred_sum", "always_self_merge", "no_swiglu_epilogue",
-                             "no_persistent_mlp", "mlp_no_prefetch", "mlp_prefetch_first",
-                             "mlp_one_per_sm", "recaptured"],
+                             "no_persistent_mlp", "mlp_rounds", "recaptured"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
@@ -244,8 +241,8 @@ def main() -> None:
                          "(gemv_triton.SWIGLU_EPILOGUE off), with the MLP as separate "
                          "kernels instead of the persistent one (built with --set "
                          "mtpserve.kernels.mlp_triton:ENABLED:True), or the persistent MLP "
-                         "without its L2 prefetch, prefetching before its gate/up phase, or "
-                         "with one program per SM, or with nothing changed "
+                         "in PROGRAMS_PER_SM programs a SM of several tiles each "
+                         "(mlp_triton.ONE_ROUND off), or with nothing changed "
                          "(recaptured: the spread between two captures of the same setting; "
                          "name it first and last to bracket the others)")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",

@@ -325,14 +325,13 @@ epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B
     --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 2>&1 | grep -v "it/s" | tail -2
   ;;
 persistent) # no model needed, about 6 minutes: the persistent SwiGLU MLP kernel
-  # (kernels/mlp_triton.py, session 21): its GPU tests with the SwiGLU epilogue's, then the 1.7B
-  # and 8B steps with it and without, its prefetch and programs varied, between recaptures
-  timeout 240 python3 -m pytest -q tests/test_gpu.py -k "persistent or swiglu or interleaved" \
-    2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
+  # (kernels/mlp_triton.py, session 21): its GPU tests, one MLP's variants alone
+  # (gpu_mlp.py), then the 1.7B and 8B steps with it and without, between recaptures
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "persistent" 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
+  timeout 150 python3 benchmarks/gpu_mlp.py --shapes 1.7b 8b --json "$OUT/mlp.json" 2>&1 | tail -20
+  timeout 280 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
     --set mtpserve.kernels.mlp_triton:ENABLED:True --compare recaptured no_persistent_mlp \
-    mlp_no_prefetch mlp_prefetch_first mlp_one_per_sm recaptured --json "$OUT/decode.json" \
-    2>&1 | grep -v "it/s" | tail -16
+    mlp_rounds recaptured --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -12
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without

@@ -49,15 +49,14 @@ def _check_shape(device: str, k: int, i: int, n: int, rows, progs: int | None) -
     w_d = (torch.randn(n, i, generator=g) * i ** -0.5).to(device, dtype)
     x = torch.randn(MAX_ROWS, k, generator=g).to(device, dtype)
     wi = interleave_gate_up(w_gu)
-    p = progs or mlp_triton.programs(torch.device(device).index or 0)
-    cfg = mlp_triton.plan(2 * i, k, n, p)
-    full = mlp_triton.swiglu_mlp(x, wi, w_d, progs=p)
+    full = mlp_triton.swiglu_mlp(x, wi, w_d, progs=progs)
+    cfg = mlp_triton.last_plan[(2 * i, k, n)][1]
     gu = x.double() @ w_gu.double().t()
     ref = (torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]) @ w_d.double().t()
     err = ((full.total().double() - ref).norm() / ref.norm()).item()
     assert err < (1e-5 if dtype == torch.float32 else 1e-2), (k, i, n, err)
     for m in rows:
-        out = mlp_triton.swiglu_mlp(x[:m], wi, w_d, progs=p)
+        out = mlp_triton.swiglu_mlp(x[:m], wi, w_d, progs=progs)
         h = gemv(x[:m], wi, swiglu=True, block_n=cfg["a_block_n"], block_k=cfg["a_block_k"])
         want = gemv(h, w_d, block_n=cfg["b_block_n"], block_k=cfg["b_block_k"],
                     split_k=cfg["b_split"], defer_sum=True)

@@ -59,3 +59,16 @@ def test_persistent_mlp_in_a_tiny_model_under_triton_interpreter():
     persistent MLP on: 8 kernels (2 layers x (a 9-token prefill + 3 decode steps)), the
     logits of those and of an 18-token prefill within 1e-5 of the separate kernels' over the checkpoint's row order."""
     assert int(run_interpreted(_MODEL, timeout=300)) == 8
+
+
+def test_one_round_plan_takes_the_skinny_products_gate_up_tiles():
+    """On 132 SMs: the 1.7B MLP runs 384 programs (its 12288 gate/up rows in tile_config's 32-row
+    tiles, one a program) and its down product in 32-row tiles split six ways (384 items); the
+    8B's 384 programs of 64-row tiles, its down product 32 x 3; none past MAX_PER_SM a SM."""
+    from mtpserve.kernels.mlp_triton import MAX_PER_SM, one_round_plan
+
+    assert one_round_plan(12288, 2048, 2048, 132) == (384, dict(
+        a_block_n=32, a_block_k=128, b_block_n=32, b_block_k=128, b_split=6))
+    assert one_round_plan(24576, 4096, 4096, 132) == (384, dict(
+        a_block_n=64, a_block_k=128, b_block_n=32, b_block_k=128, b_split=3))
+    assert one_round_plan(12288, 2048, 2048, 384 // MAX_PER_SM - 1) is None

@@ -36,30 +36,37 @@ import triton.language as tl
 
 from mtpserve.kernels import compile_ahead, grid_barrier, pdl
 from mtpserve.kernels.dispatch import INTERPRET
-from mtpserve.kernels.gemv_triton import MAX_ROWS, SplitKPartials, store_swiglu, tile_dot
+from mtpserve.kernels.gemv_triton import (MAX_ROWS, SplitKPartials, store_swiglu, tile_config,
+                                          tile_dot)
 from mtpserve.kernels.grid_barrier import grid_leave, grid_sync
 from mtpserve.kernels.jit_options import unspecialized
 
 # off: LlamaMLP runs the gate/up product and the down product as separate kernels
 # (benchmarks/gpu_decode.py --compare no_persistent_mlp)
 ENABLED = False
-# programs per SM; every program must be resident at once for the barrier (module doc)
+# on: phase A in the skinny product's own gate/up tiles (tile_config), one a program, where
+# the GPU holds that many programs at once (at most MAX_PER_SM a SM); otherwise (or off)
+# PROGRAMS_PER_SM programs a SM, each several tiles (:func:`plan`)
+ONE_ROUND = True
+MAX_PER_SM = 4
 PROGRAMS_PER_SM = 2
-# L2 prefetch of each program's down-weight tile: 0 none, 1 before phase A, 2 after it
-PREFETCH = 2
+# pipeline depth of both phases' loads (one less is tried where the programs would not fit)
+STAGES = 4
+# L2 prefetch of each program's down-weight tile: 0 none, 1 before phase A, 2 after it (on the
+# H200 both cost: 1.7B batch-1 step +44 us with 2, BENCHMARKS.md session 21)
+PREFETCH = 0
+# on (a diagnostic): the phases as two launches under PDL instead of one with the barrier
+SPLIT_LAUNCH = False
 _PHASE_BOTH, _PHASE_A, _PHASE_B = 0, 1, 2
 # programs under Triton's CPU interpreter (tests)
 _INTERPRETER_PROGRAMS = 4
+# (2I, K, N) -> (programs, tiles, stages) of the last launch for that shape (tests, benchmarks)
+last_plan: dict = {}
 
 
 @functools.cache
 def _sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def programs(device_index: int) -> int:
-    """Programs of the kernel on CUDA device ``device_index``: PROGRAMS_PER_SM per SM."""
-    return PROGRAMS_PER_SM * _sms(device_index)
 
 
 def resident_per_sm(kernel, device_index: int) -> int:
@@ -89,13 +96,29 @@ def plan(two_i: int, k: int, n: int, progs: int) -> dict:
     candidate (in the order of tile_config's tuned tiles) whose items fill the programs within a
     percent of the best."""
     a = [(bn, 128 if bn > 16 else 256) for bn in (32, 16, 64)]
-    b = [(bn, 128, s) for bn in (32, 64, 16) for s in (4, 2, 1, 3, 6, 8)
-         if s == 1 or two_i // 2 // s >= 128]
     a_fill = [_fill(triton.cdiv(two_i, bn), progs) for bn, _ in a]
-    b_fill = [_fill(triton.cdiv(n, bn) * s, progs) for bn, _, s in b]
     a_bn, a_bk = a[next(i for i, f in enumerate(a_fill) if f >= max(a_fill) - 0.01)]
-    b_bn, b_bk, split = b[next(i for i, f in enumerate(b_fill) if f >= max(b_fill) - 0.01)]
-    return dict(a_block_n=a_bn, a_block_k=a_bk, b_block_n=b_bn, b_block_k=b_bk, b_split=split)
+    return dict(a_block_n=a_bn, a_block_k=a_bk, **_down_plan(two_i // 2, n, progs))
+
+
+def _down_plan(i: int, n: int, progs: int) -> dict:
+    """Phase B's tile rows and reduction split for a down weight [n, i] over ``progs``."""
+    b = [(bn, s) for bn in (32, 64, 16) for s in (4, 2, 1, 3, 6, 8) if s == 1 or i // s >= 128]
+    fill = [_fill(triton.cdiv(n, bn) * s, progs) for bn, s in b]
+    bn, split = b[next(j for j, f in enumerate(fill) if f >= max(fill) - 0.01)]
+    return dict(b_block_n=bn, b_block_k=128, b_split=split)
+
+
+@functools.cache
+def one_round_plan(two_i: int, k: int, n: int, sms: int) -> tuple[int, dict] | None:
+    """``(programs, tiles)`` with phase A in ``gemv_triton.tile_config``'s unsplit gate/up
+    tile, one per program, if that is at most MAX_PER_SM programs a SM; else None."""
+    t = tile_config(two_i, k)
+    items = triton.cdiv(two_i, t["block_n"])
+    if t["split_k"] != 1 or items > sms * MAX_PER_SM:
+        return None
+    return items, dict(a_block_n=t["block_n"], a_block_k=t["block_k"],
+                       **_down_plan(two_i // 2, n, items))
 
 
 def fits(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
@@ -177,8 +200,10 @@ def swiglu_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     ``w_down`` [N, I], both of x's 16-bit dtype (float32 too under the interpreter), contiguous
     along their inputs. Returns ``SplitKPartials`` of [S, M, N] float32 partials (the output in
     x's dtype is their sum in order, rounded once), bit-equal to the skinny product's with the
-    tiles of :func:`plan`. ``progs`` overrides the program count (default: :func:`programs` on
-    CUDA, 4 under the interpreter).
+    tiles it ran (``last_plan``). ``progs`` sets the program count (tiles by :func:`plan`);
+    by default CUDA takes :func:`one_round_plan` where its programs fit, else PROGRAMS_PER_SM
+    programs a SM, and the interpreter 4. Raises ``RuntimeError`` where no plan's programs fit
+    on the GPU at once.
     Raises ``ValueError`` where :func:`fits` (ENABLED aside) does not hold."""
     M, K = x.shape
     two_i, N = w_gate_up.shape[0], w_down.shape[0]
@@ -189,41 +214,71 @@ def swiglu_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                          f"{tuple(w_gate_up.shape)} {w_gate_up.dtype}, down "
                          f"{tuple(w_down.shape)} {w_down.dtype} do not fit")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    progs = progs or (programs(x.device.index or 0) if x.is_cuda else _INTERPRETER_PROGRAMS)
-    cfg = plan(two_i, K, N, progs)
+    if INTERPRET:   # programs run one after another: no barrier, the phases as two launches
+        progs = progs or _INTERPRETER_PROGRAMS
+        cfg = plan(two_i, K, N, progs)
+        out, args, kw = _prepare(x, w_gate_up, w_down, progs, cfg, STAGES)
+        last_plan[(two_i, K, N)] = (progs, cfg, STAGES)
+        for phase in (_PHASE_A, _PHASE_B):
+            _swiglu_mlp_kernel[(progs,)](*args, **kw, PHASE=phase, PREFETCH=0, PDL=False)
+        return out
+    for progs, cfg, stages in _candidates(two_i, K, N, x.device.index or 0, progs):
+        out, args, kw = _prepare(x, w_gate_up, w_down, progs, cfg, stages)
+        kw.update(PREFETCH=PREFETCH, **pdl.launch(x))
+        last_plan[(two_i, K, N)] = (progs, cfg, stages)
+        if SPLIT_LAUNCH:
+            for phase in (_PHASE_A, _PHASE_B):
+                _swiglu_mlp_kernel[(progs,)](*args, **kw, PHASE=phase)
+            return out
+        kw["PHASE"] = _PHASE_BOTH
+        if _resident(args, kw, progs, x.device.index or 0):
+            _swiglu_mlp_kernel[(progs,)](*args, **kw)
+            return out
+    raise RuntimeError(f"swiglu_mlp: no plan whose programs the GPU holds at once for "
+                       f"{tuple(w_gate_up.shape)} / {tuple(w_down.shape)}")
+
+
+def _candidates(two_i: int, k: int, n: int, device_index: int, progs: int | None):
+    """``(programs, tiles, stages)`` to try in order: the one-round plan at STAGES and one
+    less, then PROGRAMS_PER_SM programs a SM (``progs`` given: that many, by :func:`plan`)."""
+    sms = _sms(device_index)
+    one = one_round_plan(two_i, k, n, sms) if ONE_ROUND and progs is None else None
+    if one is not None:
+        yield one[0], one[1], STAGES
+        yield one[0], one[1], STAGES - 1
+    progs = progs or PROGRAMS_PER_SM * sms
+    yield progs, plan(two_i, k, n, progs), STAGES
+
+
+def _prepare(x, w_gate_up, w_down, progs: int, cfg: dict, stages: int):
+    """The output, kernel arguments and constexprs of one launch with tiles ``cfg``."""
+    M, K = x.shape
+    two_i, N = w_gate_up.shape[0], w_down.shape[0]
     bk = cfg["b_block_k"]
     b_k_split = triton.cdiv(triton.cdiv(two_i // 2, cfg["b_split"]), bk) * bk
     split = triton.cdiv(two_i // 2, b_k_split)
     h = torch.empty(M, two_i // 2, dtype=x.dtype, device=x.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
-    common = dict(K=K, I=two_i // 2, N=N, A_BLOCK_N=cfg["a_block_n"], A_BLOCK_K=cfg["a_block_k"],
-                  B_BLOCK_N=cfg["b_block_n"], B_BLOCK_K=cfg["b_block_k"], B_SPLIT=split,
-                  B_K_SPLIT=b_k_split, B_ITEMS=triton.cdiv(N, cfg["b_block_n"]) * split,
-                  PROGRAMS=progs, ROWS=MAX_ROWS, STAGES=4,
-                  PRECISION="ieee" if x.dtype == torch.float32 else None, num_warps=4)
+    kw = dict(K=K, I=two_i // 2, N=N, A_BLOCK_N=cfg["a_block_n"], A_BLOCK_K=cfg["a_block_k"],
+              B_BLOCK_N=cfg["b_block_n"], B_BLOCK_K=bk, B_SPLIT=split, B_K_SPLIT=b_k_split,
+              B_ITEMS=triton.cdiv(N, cfg["b_block_n"]) * split, PROGRAMS=progs,
+              ROWS=MAX_ROWS, STAGES=stages,
+              PRECISION="ieee" if x.dtype == torch.float32 else None, num_warps=4)
     args = (x, w_gate_up, w_down, h, part, grid_barrier.counters(x.device), M, x.stride(0))
-    if INTERPRET:   # programs run one after another: no barrier, the phases as two launches
-        for phase in (_PHASE_A, _PHASE_B):
-            _swiglu_mlp_kernel[(progs,)](*args, PHASE=phase, PREFETCH=0, PDL=False, **common)
-    else:
-        kw = dict(PHASE=_PHASE_BOTH, PREFETCH=PREFETCH, **common, **pdl.launch(x))
-        _check_resident(args, kw, progs, x.device.index or 0)
-        _swiglu_mlp_kernel[(progs,)](*args, **kw)
-    return SplitKPartials(part, x.dtype)
+    return SplitKPartials(part, x.dtype), args, kw
 
 
-_resident_checked: set = set()
+_resident_known: dict = {}
 
 
-def _check_resident(args: tuple, kw: dict, progs: int, device_index: int) -> None:
-    """Compile the kernel for ``kw`` (once) and raise ``RuntimeError`` unless all ``progs``
-    programs fit on the device at once: a launch with more would wait in its barrier forever."""
-    key = (device_index, tuple(sorted(kw.items())))
-    if key in _resident_checked or compile_ahead.dry():   # a dry forward's launch only compiles
-        return
-    kernel = _swiglu_mlp_kernel.warmup(*args, grid=(progs,), **kw)
-    fit = resident_per_sm(kernel, device_index) * _sms(device_index)
-    if progs > fit:
-        raise RuntimeError(f"swiglu_mlp: {progs} programs, but the GPU holds {fit} of this "
-                           f"kernel at once; lower mlp_triton.PROGRAMS_PER_SM")
-    _resident_checked.add(key)
+def _resident(args: tuple, kw: dict, progs: int, device_index: int) -> bool:
+    """Whether all ``progs`` programs of the kernel compiled for ``kw`` fit on the device at
+    once (a launch with more would wait in its barrier forever); compiles it the first time.
+    Inside a dry forward (kernels/compile_ahead.py) a launch only compiles: True."""
+    key = (device_index, progs, tuple(sorted(kw.items())))
+    if compile_ahead.dry():
+        return True
+    if key not in _resident_known:
+        kernel = _swiglu_mlp_kernel.warmup(*args, grid=(progs,), **kw)
+        _resident_known[key] = progs <= resident_per_sm(kernel, device_index) * _sms(device_index)
+    return _resident_known[key]
