@@ -53,6 +53,10 @@ SWIGLU_EPILOGUE = True
 # to 1.599 ms, and there with tiles of 64 or 128 rows too (1.598, 1.618; BENCHMARKS.md, session
 # 20, runs 3 and 5)
 SWIGLU_MIN_K = 4096
+# on: a product lets the next kernel launch (PDL) only after its reduction, not right after its
+# wait, so the next kernel's waiting programs hold no SM slot while its own load weights
+# (benchmarks/gpu_decode.py --compare late_trigger; session 21)
+LATE_TRIGGER = False
 
 
 @dataclass
@@ -142,15 +146,22 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PDL: tl.constexpr):
+                 LATE_TRIGGER: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    pdl_wait(PDL)
+    if LATE_TRIGGER:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+    else:
+        pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
     acc = tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, pid_k * K_SPLIT, K, K_SPLIT,
                    PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES, False)
+    if LATE_TRIGGER:   # the next kernel's programs take no SM slot while these load
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -261,7 +272,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, LATE_TRIGGER=LATE_TRIGGER, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
