@@ -172,7 +172,7 @@ def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value)
 
 def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     """The ``recaptured`` timings for each switch named in ``which`` (see ``--compare``)."""
-    from mtpserve.kernels import gemv_triton, mlp_triton, paged_attention_triton, pdl
+    from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
     switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
@@ -180,12 +180,6 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
-                "no_persistent_mlp": (mlp_triton, "ENABLED", False),
-                "mlp_rounds": (mlp_triton, "ONE_ROUND", False),
-                "mlp_barrier": (mlp_triton, "SPLIT_LAUNCH", False),
-                "mlp_split_launch": (mlp_triton, "SPLIT_LAUNCH", True),
-                "late_trigger": (gemv_triton, "LATE_TRIGGER", True),
-                "early_trigger": (gemv_triton, "LATE_TRIGGER", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
     out = {}
     for i, label in enumerate(which):   # a label named again keys its row label_2, label_3, ...
@@ -234,8 +228,7 @@ def main() -> None:
     ap.add_argument("--compare", nargs="+", default=[],
                     choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
                              "deferred_sum", "always_self_merge", "no_swiglu_epilogue",
-                             "no_persistent_mlp", "mlp_rounds", "mlp_barrier",
-                             "mlp_split_launch", "late_trigger", "early_trigger", "recaptured"],
+                             "recaptured"],
                     help="also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
@@ -243,15 +236,7 @@ def main() -> None:
                          "partials or leaving them to the next norm (gemv_triton.DEFER_SUM off "
                          "/ on), with the interleaved gate/up product followed by a "
                          "SiLU-and-mul kernel instead of its SwiGLU epilogue "
-                         "(gemv_triton.SWIGLU_EPILOGUE off), with the MLP as separate "
-                         "kernels instead of the persistent one (built with --set "
-                         "mtpserve.kernels.mlp_triton:ENABLED:True), or the persistent MLP "
-                         "in PROGRAMS_PER_SM programs a SM of several tiles each "
-                         "(mlp_triton.ONE_ROUND off), its phases in one launch with the "
-                         "barrier or in two (mlp_triton.SPLIT_LAUNCH off / on), with the skinny "
-                         "products letting the next kernel launch after their reduction or "
-                         "right after their wait (gemv_triton.LATE_TRIGGER on / off), or with "
-                         "nothing changed "
+                         "(gemv_triton.SWIGLU_EPILOGUE off), or with nothing changed "
                          "(recaptured: the spread between two captures of the same setting; "
                          "name it first and last to bracket the others)")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",

@@ -33,10 +33,9 @@
 #   without the Triton warm-up thread, the 1.7B steps); s20c (three fresh 1.7B starts first,
 #   the SwiGLU epilogue's GPU tests, its A/B between recaptures); s20d (the whole GPU test
 #   file, the three dense shapes with the epilogue A/B); epilogue (1.7B step traces with the
-#   SwiGLU epilogue and without); persistent (the persistent MLP kernel's GPU tests and its A/B
-#   at 1.7B and 8B); trigger (the MLP's phases as two launches, the products' late PDL trigger).
-#   Session 20's stages s20a / s20b timed
-#   the attention's arrival merge, since reverted (BENCHMARKS.md has their commands).
+#   SwiGLU epilogue and without). Session 20's stages s20a / s20b timed
+#   the attention's arrival merge, since reverted; session 21's persistent / trigger timed a
+#   persistent MLP kernel and a late PDL trigger, since removed (BENCHMARKS.md has their commands).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -324,26 +323,6 @@ epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B
     2>&1 | grep -v "it/s" | tail -2
   timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b --step-trace 1 --out "$OUT/swiglu" \
     --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 2>&1 | grep -v "it/s" | tail -2
-  ;;
-persistent) # no model needed, about 6 minutes: the persistent SwiGLU MLP kernel
-  # (kernels/mlp_triton.py, session 21): its GPU tests, one MLP's variants alone
-  # (gpu_mlp.py), then the 1.7B and 8B steps with it and without, between recaptures
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "persistent" 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
-  timeout 150 python3 benchmarks/gpu_mlp.py --shapes 1.7b 8b --json "$OUT/mlp.json" 2>&1 | tail -20
-  timeout 280 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
-    --set mtpserve.kernels.mlp_triton:ENABLED:True --compare recaptured no_persistent_mlp \
-    mlp_rounds recaptured --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -12
-  ;;
-trigger) # no model needed, about 5 minutes: after session 21's persistent MLP run, the
-  # 1.7B and 8B steps with the MLP's phases as two launches (mlp_triton.SPLIT_LAUNCH) and with
-  # the skinny products' late PDL trigger (gemv_triton.LATE_TRIGGER), between recaptures
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b \
-    --set mtpserve.kernels.mlp_triton:ENABLED:True mtpserve.kernels.mlp_triton:SPLIT_LAUNCH:True \
-    --compare recaptured no_persistent_mlp late_trigger mlp_barrier recaptured \
-    --json "$OUT/decode_split.json" 2>&1 | grep -v "it/s" | tail -12
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m \
-    --set mtpserve.kernels.gemv_triton:LATE_TRIGGER:True --compare recaptured early_trigger \
-    recaptured --json "$OUT/decode_late.json" 2>&1 | grep -v "it/s" | tail -12
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without

@@ -33,7 +33,7 @@ def counters(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def fence_gpu():
+def _fence_gpu():
     """``fence.acq_rel.gpu`` in every thread (CUDA's ``__threadfence``)."""
     if _FENCE:
         tl.inline_asm_elementwise("fence.acq_rel.gpu; // dummy $0", "=r", [], dtype=tl.int32,
@@ -48,12 +48,12 @@ def arrive_last(counter_ptr, count):
     Every thread fences its own stores before the program signals (the pattern of CUDA's
     threadFenceReduction sample), and fences again once it knows it is last, before it reads
     the others' partials; the caller reads them with ``cache_modifier=".cg"`` (from L2)."""
-    fence_gpu()
+    _fence_gpu()
     tl.debug_barrier()   # all threads' partial stores are fenced before the signal
     old = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     last = old == count - 1
     if last:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-        fence_gpu()
+        _fence_gpu()
     tl.debug_barrier()
     return last

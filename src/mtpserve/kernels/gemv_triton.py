@@ -18,6 +18,11 @@ layers/activation.py) is one weight stream, and each tile of ``BLOCK_N`` rows ho
 the unfused product stores), pairs neighbouring columns and writes ``silu(g) * u`` as
 ``fused_triton.silu_and_mul`` computes it: bit-equal to the product then SiLU-and-mul, without
 the [M, 2I] intermediate or the second kernel.
+
+Measured and removed (BENCHMARKS.md, session 21; the code is in commit ee87268): the whole MLP
+in one persistent kernel, gate/up tiles then a barrier over all its programs then the down
+product, was 1-3 us per MLP slower than these separate kernels (the barrier alone ~3 us); with
+its two phases as two launches it equalled them in the step.
 """
 
 from __future__ import annotations
@@ -53,10 +58,6 @@ SWIGLU_EPILOGUE = True
 # to 1.599 ms, and there with tiles of 64 or 128 rows too (1.598, 1.618; BENCHMARKS.md, session
 # 20, runs 3 and 5)
 SWIGLU_MIN_K = 4096
-# on: a product lets the next kernel launch (PDL) only after its reduction, not right after its
-# wait, so the next kernel's waiting programs hold no SM slot while its own load weights
-# (benchmarks/gpu_decode.py --compare late_trigger; session 21)
-LATE_TRIGGER = False
 
 
 @dataclass
@@ -146,22 +147,22 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 LATE_TRIGGER: tl.constexpr, PDL: tl.constexpr):
+                 PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if LATE_TRIGGER:
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-    else:
-        pdl_wait(PDL)
+    pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
-    acc = tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, pid_k * K_SPLIT, K, K_SPLIT,
-                   PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES, False)
-    if LATE_TRIGGER:   # the next kernel's programs take no SM slot while these load
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+        k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
+                    other=0.0)
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -174,37 +175,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                 acc += tl.load(part + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
             _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
     elif SWIGLU:
-        store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
+        _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
     else:
         _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
 
 
 @triton.jit
-def tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
-             PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             ROWS: tl.constexpr, STAGES: tl.constexpr, X_FROM_L2: tl.constexpr):
-    """``x[m, k] @ w[n, k]^T`` over ``k`` in [k_start, k_start + K_SPLIT) ∩ [0, K): the float32
-    [ROWS, BLOCK_N] tile of one program, accumulated ``BLOCK_K`` inputs at a time in order (the
-    bits depend on BLOCK_K, not on the rows of ``x`` beside a row). ``X_FROM_L2``: ``x`` is read
-    past the SM's L1 (``.cg``), for an ``x`` that other programs of this kernel wrote
-    (kernels/mlp_triton.py)."""
-    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
-        k = k_start + k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)
-        xp = x_ptr + m[:, None] * sx + k[None, :]
-        if X_FROM_L2:
-            x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0, cache_modifier=".cg")
-        else:
-            x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS: tl.constexpr,
+def _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS: tl.constexpr,
                   BLOCK_N: tl.constexpr):
     """SiLU-and-mul of the tile's interleaved (gate, up) column pairs: ``acc`` [ROWS, BLOCK_N]
     float32 -> output columns ``pid_n * BLOCK_N / 2 + j`` of ``y`` [M, N / 2]. Rounds the
@@ -272,7 +249,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, LATE_TRIGGER=LATE_TRIGGER, **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 

@@ -8,7 +8,9 @@ before it reads or writes anything, and then lets the next kernel launch
 (``griddepcontrol.launch_dependents``), whose programs get ready while this one works.
 Measured and dropped: an L2 prefetch of the weights before the wait, a bulk L2 prefetch of the
 next product's weight issued by the short kernel before it, and loading each product
-program's first weight tile before the wait (BENCHMARKS.md, sessions 5, 18, 19). Kernels not
+program's first weight tile before the wait (BENCHMARKS.md, sessions 5, 18, 19); letting the
+next kernel launch before this one's wait (session 17) or only after a product's loads (session
+21) was slower too. Kernels not
 launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the wait returns at once
 after them. CUDA graphs keep these edges when a step is captured.
 See the CUDA programming guide, "Programmatic Dependent Launch and Synchronization".

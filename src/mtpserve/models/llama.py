@@ -103,23 +103,8 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor):
         """[T, hidden] -> [T, hidden], or the down product's split-K partials for the next norm
         to sum (``RowParallelLinear(defer_sum=True)``)."""
-        if self.gate_up_interleaved and self._persistent(x):
-            from mtpserve.kernels import mlp_triton
-
-            return mlp_triton.swiglu_mlp(x, self.gate_up_proj.weight, self.down_proj.weight)
         h = self._swiglu(x) if self.gate_up_interleaved else self.act(self.gate_up_proj(x))
         return self.down_proj(h, defer_sum=True)
-
-    def _persistent(self, x: torch.Tensor) -> bool:
-        """Whether the whole MLP of ``x``'s rows runs as one persistent kernel
-        (kernels/mlp_triton.py): a skinny product on one rank, without bias, the deferred
-        split-K sum on (its partials go to the next norm)."""
-        down = self.down_proj
-        if down.bias is not None or down.tp_size != 1 or not use_gemv(x, self.gate_up_proj.weight):
-            return False
-        from mtpserve.kernels import gemv_triton, mlp_triton
-
-        return gemv_triton.DEFER_SUM and mlp_triton.fits(x, self.gate_up_proj.weight, down.weight)
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate(x)) * up(x)`` [T, intermediate / tp] over the interleaved weight: the
@@ -136,8 +121,7 @@ class LlamaMLP(nn.Module):
     def process_weights_after_loading(self) -> None:
         """After the checkpoint is loaded (engine/model_runner.py), where the Triton kernels run
         (CUDA), where the SwiGLU epilogue pays (``gemv_triton.swiglu_fits``: not at the 1.7B
-        shape, which keeps the checkpoint's order and its kernels) or the persistent MLP kernel
-        is on (``mlp_triton.ENABLED``): reorder this rank's gate/up
+        shape, which keeps the checkpoint's order and its kernels): reorder this rank's gate/up
         rows in place so that row 2j is gate row j and row 2j + 1 up row j (one temporary copy
         of the layer's weight). Only a bias-free weight that a one-row product would send to the
         skinny kernel qualifies (``use_gemv``: 16-bit, CUDA with Triton, ``gemv_triton.ENABLED``):
@@ -147,9 +131,9 @@ class LlamaMLP(nn.Module):
         if (self.gate_up_interleaved or gu.bias is not None
                 or not use_gemv(gu.weight[:1], gu.weight)):
             return
-        from mtpserve.kernels import gemv_triton, mlp_triton
+        from mtpserve.kernels import gemv_triton
 
-        if not (gemv_triton.swiglu_fits(gu.weight) or mlp_triton.ENABLED):
+        if not gemv_triton.swiglu_fits(gu.weight):
             return
         gu.weight.data.copy_(interleave_gate_up(gu.weight.data))
         self.gate_up_interleaved = True
