@@ -56,7 +56,8 @@ SWIGLU_EPILOGUE = True
 # ... for gate/up weights of at least this many inputs: on the H200 the epilogue took the 8B
 # batch-1 step (24576 x 4096) from 4.372 to 4.292 ms, but the 1.7B one (12288 x 2048) from 1.530
 # to 1.599 ms, and there with tiles of 64 or 128 rows too (1.598, 1.618; BENCHMARKS.md, session
-# 20, runs 3 and 5)
+# 20, runs 3 and 5): there the down product costs 4.1 us more after a product than after the
+# one-program SiLU-and-mul kernel (its programs launched early under PDL; session 21, run 4)
 SWIGLU_MIN_K = 4096
 
 
