@@ -35,8 +35,8 @@
 #   file, the three dense shapes with the epilogue A/B); epilogue (1.7B step traces with the
 #   SwiGLU epilogue and without). Session 20's stages s20a / s20b timed
 #   the attention's arrival merge, since reverted; session 21's persistent / trigger timed a
-#   persistent MLP kernel and a late PDL trigger, since removed (BENCHMARKS.md has their commands);
-#   split2 (the 1.7B step, epilogue on and off, o and down split 4 or 2 ways).
+#   persistent MLP kernel and a late PDL trigger, and split2 the 1.7B o / down products split two
+#   ways, since removed (BENCHMARKS.md has their commands).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -324,16 +324,6 @@ epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B
     2>&1 | grep -v "it/s" | tail -2
   timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b --step-trace 1 --out "$OUT/swiglu" \
     --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 2>&1 | grep -v "it/s" | tail -2
-  ;;
-split2) # no model needed, about 2 minutes (session 21): the 1.7B step with the SwiGLU epilogue
-  # (gate/up interleaved at load) and without, its o and down products split four ways (the
-  # default) and two ways (fewer, longer programs, as the 8B's down product)
-  for split in 4 2; do
-    timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --set \
-      mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 mtpserve.kernels.gemv_triton:FEW_OUTPUTS_SPLIT:$split \
-      --compare recaptured no_swiglu_epilogue --json "$OUT/decode_split$split.json" 2>&1 \
-      | grep -v "it/s" | tail -4
-  done
   ;;
 deferred) # no model needed, about 2 minutes: the deferred split-K sum's GPU tests
   # (gemv_triton.DEFER_SUM), then the 1.7B batch-1 step with it (the default) and without

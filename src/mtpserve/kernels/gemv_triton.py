@@ -61,11 +61,6 @@ SWIGLU_EPILOGUE = True
 SWIGLU_MIN_K = 4096
 
 
-# split-K factor of a product with few outputs (< 3072) over 2048 or more inputs (the 1.7B o and
-# down projections); read once per shape (tile_config is cached): set it before the first product
-FEW_OUTPUTS_SPLIT = 4
-
-
 @dataclass
 class SplitKPartials:
     """A skinny product's output left as its split-K partial sums, for a consumer kernel that
@@ -129,7 +124,7 @@ def tile_config(n: int, k: int) -> dict:
     elif n >= 3072:
         block_n, block_k = 32, 128
     elif k >= 2048:
-        block_n, block_k, split = 32, 128, FEW_OUTPUTS_SPLIT
+        block_n, block_k, split = 32, 128, 4
     else:
         block_n, block_k = 16, 128 if k <= 576 else 256
     return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split)
