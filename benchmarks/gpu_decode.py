@@ -170,35 +170,51 @@ def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value)
             f"{label}_b64_tok_s": tps64}
 
 
-def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
-    """The ``recaptured`` timings for each switch named in ``which`` (see ``--compare``)."""
+def named_switches() -> dict:
+    """``--compare``'s named switches: name -> (module, attr, value)."""
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
-    switches = {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
+    return {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
+
+
+def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
+    """The ``recaptured`` timings for each switch named in ``which`` (see ``--compare``)."""
+    switches = named_switches()
     out = {}
     for i, label in enumerate(which):   # a label named again keys its row label_2, label_3, ...
         n = which[:i + 1].count(label)
-        out.update(recaptured(eng, shape, label if n == 1 else f"{label}_{n}", *switches[label]))
+        switch = switches[label] if label in switches else parse_setting(label)
+        out.update(recaptured(eng, shape, label if n == 1 else f"{label}_{n}", *switch))
     return out
+
+
+def parse_setting(spec: str) -> tuple:
+    """``MODULE:ATTR:VALUE`` -> (module, attr, value) with VALUE a Python literal; SystemExit
+    for an unknown module or attribute."""
+    import ast
+    import importlib
+
+    try:
+        module, attr, value = spec.split(":", 2)
+        mod = importlib.import_module(module)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(f"{spec!r}: not a switch or MODULE:ATTR:VALUE ({e})")
+    if not hasattr(mod, attr):
+        raise SystemExit(f"{spec!r}: {module} has no {attr}")
+    return mod, attr, ast.literal_eval(value)
 
 
 def set_constant(spec: str) -> None:
     """``MODULE:ATTR:VALUE``: ``MODULE.ATTR = literal_eval(VALUE)`` (``--set``)."""
-    import ast
-    import importlib
-
-    module, attr, value = spec.split(":", 2)
-    mod = importlib.import_module(module)
-    if not hasattr(mod, attr):
-        raise SystemExit(f"--set: {module} has no {attr}")
-    setattr(mod, attr, ast.literal_eval(value))
-    print(f"{module}.{attr} = {getattr(mod, attr)!r}")
+    mod, attr, value = parse_setting(spec)
+    setattr(mod, attr, value)
+    print(f"{mod.__name__}.{attr} = {value!r}")
 
 
 def sync_steps(eng: LLMEngine, shape: str) -> dict:
@@ -226,10 +242,10 @@ def main() -> None:
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
-                    choices=["cublas", "no_pdl", "no_self_merge", "no_deferred_sum",
-                             "deferred_sum", "always_self_merge", "no_swiglu_epilogue",
-                             "recaptured"],
-                    help="also time batch-1 decode and batch-64 tok/s with every product on "
+                    metavar="SWITCH",
+                    help="cublas, no_pdl, no_self_merge, no_deferred_sum, deferred_sum, "
+                         "always_self_merge, no_swiglu_epilogue, recaptured, or "
+                         "MODULE:ATTR:VALUE (that constant set, the graphs recaptured): also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
                          "head merging its own), with split products summing their own "
@@ -249,6 +265,9 @@ def main() -> None:
     a = ap.parse_args()
     for spec in a.set:
         set_constant(spec)
+    for label in a.compare:   # a typo stops here, before any engine is built
+        if label not in named_switches():
+            parse_setting(label)
     if a.token_map_size is not None and (a.token_map_size < 1 or not a.mtp):
         ap.error("--token-map-size needs N >= 1 and --mtp")
     rows = {}

@@ -316,6 +316,18 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -14
   ;;
+prefetch) # no model needed, about 6 minutes: the L2 prefetch of the o weight and the next
+  # product's first bytes during attention (kernels/l2_prefetch.py, session 22): its GPU tests,
+  # then the 1.7B and 8B batch-1 steps by site, bytes and programs, bracketed by recaptures
+  P=mtpserve.kernels.l2_prefetch
+  timeout 120 python3 -m pytest -q tests/test_gpu.py -k l2_prefetch 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured \
+    "$P:SITE:'attention'" "$P:SITE:'qk_norm'" recaptured --json "$OUT/sites.json" 2>&1 \
+    | grep -v "it/s" | tail -14
+  timeout 220 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --set "$P:SITE:'attention'" \
+    --compare "$P:MAX_BYTES:8388608" "$P:MAX_BYTES:41943040" "$P:PROGRAMS:16" "$P:PROGRAMS:128" \
+    "$P:SITE:None" --json "$OUT/sweep.json" 2>&1 | grep -v "it/s" | tail -16
+  ;;
 epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B and not at
   # 1.7B (session 20): 1.7B batch-1 step traces with the epilogue (gate/up interleaved at load)
   # and without, what each kernel adds to the step under PDL

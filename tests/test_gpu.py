@@ -720,3 +720,49 @@ def test_fla_varlen_chunk_matches_the_reference():
     got = varlen.chunk_varlen(q, k, v, gate, beta, states, lengths, name="fla")
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
+
+
+def _ptx_has(kernel, text: str) -> bool:
+    """Whether any compiled variant of a Triton kernel on the current device has ``text`` in its
+    PTX."""
+    caches = kernel.device_caches.get(torch.cuda.current_device())
+    return bool(caches) and any(text in k.asm.get("ptx", "") for k in caches[0].values())
+
+
+@pytest.mark.parametrize("site", ["qk_norm", "attention"])
+def test_l2_prefetch_changes_no_bits(tmp_path, site):
+    """kernels/l2_prefetch.py is a hint: a tiny Qwen3 (q/k norms) whose attention window sends the
+    o weight and the first bytes of the gate/up weight to L2 from extra programs of the q/k norm
+    or the attention kernel gives bit-equal prompt logits (12 tokens: skinny products, eager)
+    and equal greedy tokens through CUDA graphs to the same model without; the kernel that
+    hosts them was compiled with the prefetch instruction."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness import logits_of_prompt, tiny_hf_model
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM
+    from mtpserve.kernels import fused_triton, l2_prefetch, paged_attention_triton
+
+    hf = tiny_hf_model("qwen3", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=2048)
+    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
+              gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
+
+    def outputs(where):
+        l2_prefetch.SITE = where
+        llm.engine.runner.capture_cuda_graphs()
+        return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
+
+    default = l2_prefetch.SITE
+    try:
+        plain, sent = outputs(None), outputs(site)
+    finally:
+        l2_prefetch.SITE = default
+        llm.engine.runner.capture_cuda_graphs()
+    assert torch.equal(plain[0], sent[0])
+    assert plain[1] == sent[1]
+    host = {"qk_norm": fused_triton._qk_norm_rope_kv_kernel,
+            "attention": paged_attention_triton._partial_kernel}[site]
+    assert _ptx_has(host, "prefetch.global.L2")
