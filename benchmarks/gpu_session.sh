@@ -316,6 +316,11 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -14
   ;;
+boundary) # no model needed, about 2 minutes: what one dependency between phases costs, a
+  # kernel boundary with and without PDL against a persistent kernel's signals (session 22)
+  timeout 240 python3 benchmarks/gpu_boundary.py --programs 132 264 528 --work 0 2000 \
+    --json "$OUT/boundary.json" 2>&1 | tee "$OUT/boundary.log"
+  ;;
 prefetch) # no model needed, about 6 minutes: the L2 prefetch of the o weight and the next
   # product's first bytes during attention (kernels/l2_prefetch.py, session 22): its GPU tests,
   # then the 1.7B and 8B batch-1 steps by site, bytes and programs, bracketed by recaptures

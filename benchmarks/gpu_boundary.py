@@ -1,0 +1,177 @@
+"""What a dependency between two phases costs on the GPU: a kernel boundary (with and without
+PDL) against a persistent kernel whose programs signal each other through memory.
+
+A batch-1 decode step is a chain of ~10 dependent kernels per layer; each boundary costs the
+wait for the previous grid and the ramp of the next (BENCHMARKS.md, sessions 17-21). A
+persistent kernel replaces boundaries with signals in memory; session 21's grid barrier cost
+~3 us, but it polled with atomics on the one counter its arrivals also add to. This times one
+boundary on its own, with no weights: ``G`` programs per phase, each reads a value another
+program wrote in the phase before (from L2), optionally busy-waits ``--work`` ns, and writes its
+own. Modes:
+
+- ``pdl`` / ``plain``: one kernel launch per phase, with programmatic dependent launch or in plain
+  stream order, all phases in one CUDA graph;
+- ``atomic_poll``: one persistent kernel; a phase ends with every program adding one to the
+  phase's counter and polling it with atomic adds of zero (session 21's barrier);
+- ``load_poll``: the same arrivals, polled with plain volatile loads;
+- ``flags``: each program sets its own flag, and waits reading all ``G`` flags with loads.
+
+The cost of one phase is (time of ``--phases`` phases - time of a quarter as many) / the
+difference, from CUDA-graph replays timed with CUDA events: launch and set-up cancel out.
+Writes a table and ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+MODES = ("plain", "pdl", "atomic_poll", "load_poll", "flags")
+
+
+@triton.jit
+def _now():
+    """The GPU's global nanosecond timer."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _work(ns):
+    """Busy-wait ``ns`` nanoseconds (nothing for 0)."""
+    if ns > 0:
+        t0 = _now()
+        while _now() - t0 < ns:
+            pass
+
+
+@triton.jit
+def _step(src, dst, pid, G, work_ns):
+    """One phase's work: read another program's value from ``src``, wait, write ``dst[pid]``."""
+    v = tl.load(src + (pid * 7 + 1) % G, cache_modifier=".cg")
+    _work(work_ns)
+    tl.store(dst + pid, v + 1)
+
+
+@triton.jit
+def _phase_kernel(src, dst, G, work_ns, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    _step(src, dst, pid, G, work_ns)
+
+
+@triton.jit
+def _fence():
+    tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _persistent_kernel(buf, sync, flags, G, phases, work_ns, MODE: tl.constexpr,
+                       G_PAD: tl.constexpr):
+    pid = tl.program_id(0)
+    lanes = tl.arange(0, G_PAD)
+    for i in range(phases):
+        _step(buf + (i % 2) * G, buf + ((i + 1) % 2) * G, pid, G, work_ns)
+        _fence()
+        tl.debug_barrier()
+        if MODE == 0:   # one counter, polled with atomics (kernels/grid_barrier.py of ee87268)
+            seen = tl.atomic_add(sync + i, 1, sem="acq_rel", scope="gpu") + 1
+            while seen < G:
+                seen = tl.atomic_add(sync + i, 0, sem="acquire", scope="gpu")
+        elif MODE == 1:   # one counter, polled with loads
+            tl.atomic_add(sync + i, 1, sem="release", scope="gpu")
+            while tl.load(sync + i, volatile=True) < G:
+                pass
+        else:   # a flag per program, all of them read with loads
+            tl.store(flags + i * G + pid, 1)
+            while tl.sum(tl.load(flags + i * G + lanes, mask=lanes < G, other=0,
+                                 volatile=True)) < G:
+                pass
+        _fence()
+        tl.debug_barrier()
+
+
+def phases_graph(mode: str, G: int, phases: int, work_ns: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph running ``phases`` dependent phases of ``G`` programs in ``mode``."""
+    buf = torch.zeros(2, G, dtype=torch.int32, device="cuda")
+    sync = torch.zeros(phases, dtype=torch.int32, device="cuda")
+    flags = torch.zeros(phases, G, dtype=torch.int32, device="cuda")
+
+    def run():
+        if mode in ("plain", "pdl"):
+            for i in range(phases):
+                _phase_kernel[(G,)](buf[i % 2], buf[(i + 1) % 2], G, work_ns,
+                                    PDL=mode == "pdl", launch_pdl=mode == "pdl")
+        else:
+            sync.zero_()
+            flags.zero_()
+            _persistent_kernel[(G,)](buf, sync, flags, G, phases, work_ns,
+                                     MODE=MODES.index(mode) - 2,
+                                     G_PAD=triton.next_power_of_2(G))
+
+    run()   # compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    # every phase ran: each value went up by one per phase
+    assert int(buf.max()) >= phases - 1, (mode, int(buf.max()))
+    graph.keep = (buf, sync, flags)
+    return graph
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
+    """Median microseconds of one replay over ``reps`` timed replays."""
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def phase_cost_us(mode: str, G: int, phases: int, work_ns: int) -> float:
+    """Microseconds one more phase adds (see the module doc)."""
+    short = max(1, phases // 4)
+    long_us = replay_us(phases_graph(mode, G, phases, work_ns))
+    short_us = replay_us(phases_graph(mode, G, short, work_ns))
+    return (long_us - short_us) / (phases - short)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", type=int, nargs="+", default=[132, 264],
+                    help="programs per phase (a persistent kernel's must all fit at once)")
+    ap.add_argument("--work", type=int, nargs="+", default=[0, 2000],
+                    help="busy nanoseconds per program per phase")
+    ap.add_argument("--phases", type=int, default=64)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}: microseconds one phase adds")
+    print(f"{'programs':>9}{'work ns':>9}" + "".join(f"{m:>13}" for m in a.modes))
+    rows = []
+    for G in a.programs:
+        for work in a.work:
+            row = {m: phase_cost_us(m, G, a.phases, work) for m in a.modes}
+            rows.append(dict(programs=G, work_ns=work, **row))
+            print(f"{G:9}{work:9}" + "".join(f"{row[m]:13.3f}" for m in a.modes))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
