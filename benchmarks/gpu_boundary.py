@@ -150,6 +150,126 @@ def phase_cost_us(mode: str, G: int, phases: int, work_ns: int) -> float:
     return (long_us - short_us) / (phases - short)
 
 
+# --- a chain of matrix-vector products: what a persistent kernel could gain on real bytes ---
+MATVEC_MODES = ("pdl", "pdl_preload", "persistent", "persistent_preload")
+
+
+@triton.jit
+def _matvec_rows(w, x_ptr, y_ptr, rows, k):
+    """``y[rows] = w @ x`` for a [R, H] tile ``w`` already loaded (float32 sums, bf16 out)."""
+    x = tl.load(x_ptr + k, cache_modifier=".cg").to(tl.float32)
+    y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _matvec_kernel(w_ptr, x_ptr, y_ptr, H: tl.constexpr, R: tl.constexpr,
+                   PRELOAD: tl.constexpr):
+    """One product of a PDL chain: program p computes rows p*R.. of y = W x; with PRELOAD its
+    weight tile is loaded before the wait for the product before (weights never depend on it)."""
+    rows = tl.program_id(0) * R + tl.arange(0, R)
+    k = tl.arange(0, H)
+    if PRELOAD:
+        w = tl.load(w_ptr + rows[:, None] * H + k[None, :])
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    else:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        w = tl.load(w_ptr + rows[:, None] * H + k[None, :])
+    _matvec_rows(w, x_ptr, y_ptr, rows, k)
+
+
+@triton.jit
+def _matvec_persistent_kernel(w_ptr, xs_ptr, flags, phases, num_w, H: tl.constexpr,
+                              R: tl.constexpr, G: tl.constexpr, PRELOAD: tl.constexpr):
+    """The same chain in one kernel of G programs: after phase i each program sets its flag, and
+    phase i + 1 reads x once all G flags of phase i are set; with PRELOAD each program loads its
+    next weight tile before it waits."""
+    pid = tl.program_id(0)
+    rows = pid * R + tl.arange(0, R)
+    k = tl.arange(0, H)
+    lanes = tl.arange(0, G)
+    for i in range(phases):
+        tile = w_ptr + (i % num_w).to(tl.int64) * H * H + rows[:, None] * H + k[None, :]
+        if PRELOAD:
+            w = tl.load(tile)
+        if i > 0:
+            while tl.sum(tl.load(flags + (i - 1) * G + lanes, volatile=True)) < G:
+                pass
+            _fence()
+            tl.debug_barrier()
+        if not PRELOAD:
+            w = tl.load(tile)
+        _matvec_rows(w, xs_ptr + (i % 2) * H, xs_ptr + ((i + 1) % 2) * H, rows, k)
+        _fence()
+        tl.debug_barrier()
+        tl.store(flags + i * G + pid, 1)
+
+
+def matvec_graph(mode: str, H: int, G: int, phases: int, num_w: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``phases`` dependent [H, H] bf16 products (``num_w`` weights in turn, so
+    that they come from HBM), G programs each, in ``mode`` (MATVEC_MODES)."""
+    R = H // G
+    w = torch.randn(num_w, H, H, device="cuda", dtype=torch.bfloat16) * H ** -0.5
+    xs = torch.randn(2, H, device="cuda", dtype=torch.bfloat16)
+    flags = torch.zeros(phases, G, dtype=torch.int32, device="cuda")
+    preload = mode.endswith("preload")
+
+    def run():
+        if mode.startswith("pdl"):
+            for i in range(phases):
+                _matvec_kernel[(G,)](w[i % num_w], xs[i % 2], xs[(i + 1) % 2], H=H, R=R,
+                                     PRELOAD=preload, num_warps=8, launch_pdl=True)
+        else:
+            flags.zero_()
+            _matvec_persistent_kernel[(G,)](w, xs, flags, phases, num_w, H=H, R=R, G=G,
+                                            PRELOAD=preload, num_warps=8)
+
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    graph.keep = (w, xs, flags)
+    return graph
+
+
+def matvec_phase_us(mode: str, H: int, G: int, phases: int, num_w: int) -> float:
+    """Microseconds one more product adds in ``mode``."""
+    short = max(1, phases // 4)
+    long_us = replay_us(matvec_graph(mode, H, G, phases, num_w))
+    short_us = replay_us(matvec_graph(mode, H, G, short, num_w))
+    return (long_us - short_us) / (phases - short)
+
+
+def check_matvec(H: int, G: int) -> float:
+    """Largest difference between the persistent chain's and the PDL chain's output after 8
+    products, relative to its size (they sum in the same order: expect 0)."""
+    outs = []
+    for mode in ("pdl", "persistent_preload"):
+        torch.manual_seed(0)
+        g = matvec_graph(mode, H, G, 8, 4)
+        outs.append(g.keep[1][0].float().clone())   # replayed twice: 16 products, even
+    return float((outs[0] - outs[1]).abs().max() / outs[0].abs().max())
+
+
+def matvec_main(a) -> list[dict]:
+    print(f"products of [{a.hidden}, {a.hidden}] bf16 ({a.hidden ** 2 * 2 / 1e6:.1f} MB, "
+          f"{a.num_weights} weights in turn): microseconds one more product adds; "
+          f"persistent vs PDL outputs differ by {check_matvec(a.hidden, 128):.2e}")
+    print(f"{'programs':>9}" + "".join(f"{m:>20}" for m in MATVEC_MODES))
+    rows = []
+    for G in (128, 64):
+        row = {m: matvec_phase_us(m, a.hidden, G, a.phases, a.num_weights)
+               for m in MATVEC_MODES}
+        rows.append(dict(programs=G, hidden=a.hidden, **row))
+        print(f"{G:9}" + "".join(f"{row[m]:20.3f}" for m in MATVEC_MODES))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=int, nargs="+", default=[132, 264],
@@ -158,6 +278,11 @@ def main() -> None:
                     help="busy nanoseconds per program per phase")
     ap.add_argument("--phases", type=int, default=64)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--matvec", action="store_true",
+                    help="also a chain of [hidden, hidden] products (MATVEC_MODES)")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--num-weights", type=int, default=16,
+                    help="distinct weights the chain cycles through (their bytes past the L2)")
     ap.add_argument("--json")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}: microseconds one phase adds")
@@ -168,6 +293,8 @@ def main() -> None:
             row = {m: phase_cost_us(m, G, a.phases, work) for m in a.modes}
             rows.append(dict(programs=G, work_ns=work, **row))
             print(f"{G:9}{work:9}" + "".join(f"{row[m]:13.3f}" for m in a.modes))
+    if a.matvec:
+        rows += matvec_main(a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)
