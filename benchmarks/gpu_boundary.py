@@ -272,8 +272,9 @@ def matvec_main(a) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", type=int, nargs="+", default=[132, 264],
-                    help="programs per phase (a persistent kernel's must all fit at once)")
+    ap.add_argument("--programs", type=int, nargs="*", default=[132, 264],
+                    help="programs per phase (a persistent kernel's must all fit at once); "
+                         "none: no phase table")
     ap.add_argument("--work", type=int, nargs="+", default=[0, 2000],
                     help="busy nanoseconds per program per phase")
     ap.add_argument("--phases", type=int, default=64)
@@ -286,7 +287,8 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}: microseconds one phase adds")
-    print(f"{'programs':>9}{'work ns':>9}" + "".join(f"{m:>13}" for m in a.modes))
+    if a.programs:
+        print(f"{'programs':>9}{'work ns':>9}" + "".join(f"{m:>13}" for m in a.modes))
     rows = []
     for G in a.programs:
         for work in a.work:

@@ -318,8 +318,10 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
   ;;
 boundary) # no model needed, about 2 minutes: what one dependency between phases costs, a
   # kernel boundary with and without PDL against a persistent kernel's signals (session 22)
-  timeout 300 python3 benchmarks/gpu_boundary.py --programs 132 264 528 --work 0 2000 --matvec \
+  timeout 150 python3 benchmarks/gpu_boundary.py --programs 132 264 528 --work 0 2000 \
     --json "$OUT/boundary.json" 2>&1 | tee "$OUT/boundary.log"
+  timeout 150 python3 benchmarks/gpu_boundary.py --programs --matvec --json "$OUT/matvec.json" \
+    2>&1 | tee "$OUT/matvec.log"
   ;;
 prefetch) # no model needed, about 6 minutes: the L2 prefetch of the o weight and the next
   # product's first bytes during attention (kernels/l2_prefetch.py, session 22): its GPU tests,
