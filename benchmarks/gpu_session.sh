@@ -36,7 +36,9 @@
 #   SwiGLU epilogue and without). Session 20's stages s20a / s20b timed
 #   the attention's arrival merge, since reverted; session 21's persistent / trigger timed a
 #   persistent MLP kernel and a late PDL trigger, and split2 the 1.7B o / down products split two
-#   ways, since removed (BENCHMARKS.md has their commands).
+#   ways, session 22's prefetch an L2 prefetch during attention, since removed (BENCHMARKS.md
+#   has their commands); boundary (what one dependency between phases costs:
+#   benchmarks/gpu_boundary.py).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -322,18 +324,6 @@ boundary) # no model needed, about 2 minutes: what one dependency between phases
     --json "$OUT/boundary.json" 2>&1 | tee "$OUT/boundary.log"
   timeout 150 python3 benchmarks/gpu_boundary.py --programs --matvec --json "$OUT/matvec.json" \
     2>&1 | tee "$OUT/matvec.log"
-  ;;
-prefetch) # no model needed, about 6 minutes: the L2 prefetch of the o weight and the next
-  # product's first bytes during attention (kernels/l2_prefetch.py, session 22): its GPU tests,
-  # then the 1.7B and 8B batch-1 steps by site, bytes and programs, bracketed by recaptures
-  P=mtpserve.kernels.l2_prefetch
-  timeout 120 python3 -m pytest -q tests/test_gpu.py -k l2_prefetch 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured \
-    "$P:SITE:'attention'" "$P:SITE:'qk_norm'" recaptured --json "$OUT/sites.json" 2>&1 \
-    | grep -v "it/s" | tail -14
-  timeout 220 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --set "$P:SITE:'attention'" \
-    --compare "$P:MAX_BYTES:8388608" "$P:MAX_BYTES:41943040" "$P:PROGRAMS:16" "$P:PROGRAMS:128" \
-    "$P:SITE:None" --json "$OUT/sweep.json" 2>&1 | grep -v "it/s" | tail -16
   ;;
 epilogue) # no model needed, about 3 minutes: why the SwiGLU epilogue pays at 8B and not at
   # 1.7B (session 20): 1.7B batch-1 step traces with the epilogue (gate/up interleaved at load)

@@ -16,9 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpserve.kernels import l2_prefetch, pdl
+from mtpserve.kernels import pdl
 from mtpserve.kernels.gemv_triton import SplitKPartials
-from mtpserve.kernels.l2_prefetch import prefetch_share
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -230,20 +229,12 @@ def _norm_rope_head(src, dst, w_ptr, cos_row, sin_row, eps, D: tl.constexpr,
 @triton.jit
 def _qk_norm_rope_kv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr,
                             kc_ptr, vc_ptr, s_qkv, s_qh, k_off, v_off, s_q, s_kc, s_vc, s_tab,
-                            eps, pf_a, pf_a_bytes, pf_b, pf_b_bytes, pf_chunk,
-                            HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                            HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-                            ZERO_CENTERED: tl.constexpr, PF_LINES: tl.constexpr,
-                            PDL: tl.constexpr):
+                            eps, HQ: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+                            ZERO_CENTERED: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)   # 0..HQ-1: query heads; HQ..HQ+HKV-1: key/value heads; then prefetch
-    if PF_LINES > 0:
-        if h >= HQ + HKV:   # the q/k/v product has finished: HBM is free (kernels/l2_prefetch.py)
-            if t == 0:
-                prefetch_share(pf_a, pf_a_bytes, pf_b, pf_b_bytes, pf_chunk, h - HQ - HKV,
-                               PF_LINES)
-            return
+    h = tl.program_id(1)             # 0..HQ-1: query heads; HQ..: key/value heads
     pos = tl.load(pos_ptr + t)
     row = qkv_ptr + t * s_qkv
     cos_row, sin_row = cos_ptr + pos * s_tab, sin_ptr + pos * s_tab
@@ -267,8 +258,8 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
                           k_cache: torch.Tensor, v_cache: torch.Tensor,
                           slot_mapping: torch.Tensor, q_weight: torch.Tensor | None = None,
                           k_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                          zero_centered: bool = False, q_head_stride: int | None = None,
-                          prefetch: l2_prefetch.Plan | None = None) -> torch.Tensor:
+                          zero_centered: bool = False,
+                          q_head_stride: int | None = None) -> torch.Tensor:
     """The attention block between the QKV GEMM and attention, in one kernel.
 
     For each token t: RMSNorm of each query and key head over its ``head_dim`` channels when
@@ -295,8 +286,6 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
             K/V write (this code base pads CUDA graphs with a real spare slot instead).
         q_weight, k_weight: [head_dim] norm weights (both or neither); eps: the norms' epsilon;
             zero_centered: the weights store ``w - 1``.
-        prefetch: weights for extra programs to send to L2 after the wait, when its site is
-            ``"qk_norm"`` (kernels/l2_prefetch.py); results do not depend on it.
 
     Returns:
         q [T, num_heads, head_dim] in qkv's dtype.
@@ -314,14 +303,12 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
     qw = q_weight if has_norm else cos          # unread placeholders without norms
     kw = k_weight if has_norm else cos
     k_off = num_heads * qs
-    pf_programs = l2_prefetch.PROGRAMS if prefetch is not None and prefetch.site == "qk_norm" else 0
-    _qk_norm_rope_kv_kernel[(T, num_heads + num_kv_heads + pf_programs)](
+    _qk_norm_rope_kv_kernel[(T, num_heads + num_kv_heads)](
         qkv, positions, slot_mapping, cos, signed_sin, qw, kw, q, k_cache, v_cache,
         qkv.stride(0), qs, k_off, k_off + num_kv_heads * D, q.stride(0), k_cache.stride(0),
-        v_cache.stride(0), cos.stride(0), eps,
-        **l2_prefetch.kernel_args(prefetch, "qk_norm", qkv, pf_programs), HQ=num_heads,
-        HKV=num_kv_heads, D=D, HALF=rot // 2, BLOCK_D=triton.next_power_of_2(D),
-        HAS_NORM=has_norm, ZERO_CENTERED=zero_centered, **pdl.launch(qkv))
+        v_cache.stride(0), cos.stride(0), eps, HQ=num_heads, D=D, HALF=rot // 2,
+        BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered,
+        **pdl.launch(qkv))
     return q
 
 

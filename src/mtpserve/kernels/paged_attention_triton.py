@@ -26,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpserve.kernels import l2_prefetch, pdl
+from mtpserve.kernels import pdl
 from mtpserve.kernels.jit_options import unspecialized
-from mtpserve.kernels.l2_prefetch import prefetch_share
 from mtpserve.kernels.pdl import pdl_wait
 
 MIN_P_PAD = 16   # partitions a merge is compiled for, at least
@@ -49,21 +48,12 @@ TILE = 64
                             pointers=("tables_ptr", "row_ptr", "len_ptr")))
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
                     o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
-                    pf_a, pf_a_bytes, pf_b, pf_b_bytes, pf_chunk, pf_programs,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     P_PAD: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
                     TILE: tl.constexpr, SELF_MERGE: tl.constexpr, PRECISION: tl.constexpr,
-                    PF_LINES: tl.constexpr, PDL: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
-    if PF_LINES > 0:
-        # the grid's last row prefetches the next weights (kernels/l2_prefetch.py); it reads
-        # nothing the kernels before wrote, so it does not wait for them
-        if t == tl.num_programs(0) - 1:
-            i = tl.program_id(1) * tl.num_programs(2) + tl.program_id(2)
-            if i < pf_programs:
-                prefetch_share(pf_a, pf_a_bytes, pf_b, pf_b_bytes, pf_chunk, i, PF_LINES)
-            return
+                    PDL: tl.constexpr):
     pdl_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
     h = tl.program_id(1)
     n = tl.load(len_ptr + t)
     row = tl.load(row_ptr + t).to(tl.int64)
@@ -184,8 +174,7 @@ def _spread(n, num_parts, TILE: tl.constexpr):
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, table_row: torch.Tensor,
                            kv_len: torch.Tensor, scale: float, block_size: int,
-                           part_size: int, grid_parts: int | None = None,
-                           prefetch: l2_prefetch.Plan | None = None) -> torch.Tensor:
+                           part_size: int, grid_parts: int | None = None) -> torch.Tensor:
     """Attention of ``q`` [T, Hq, D] over paged K/V caches [slots, Hkv, D].
 
     Args:
@@ -196,8 +185,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 merges in
             the program, more run partitions side by side and merge in a second kernel. The
             output's bits do not depend on it.
-        prefetch: weights for a last row of programs to send to L2, when its site is
-            ``"attention"`` (kernels/l2_prefetch.py); the output does not depend on it.
 
     Returns:
         [T, Hq, D] in q's dtype.
@@ -216,16 +203,11 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     l = torch.empty_like(m)
     acc = torch.empty(T, Hq, num_parts, d_pad, device=q.device, dtype=torch.float32)
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
-    pf = prefetch is not None and prefetch.site == "attention" and T > 0
-    pf_programs = min(Hkv * grid_parts, l2_prefetch.PROGRAMS) if pf else 0
     # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
-    _partial_kernel[(T + pf, Hkv, grid_parts)](
+    _partial_kernel[(T, Hkv, grid_parts)](
         q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), num_parts,
-        **l2_prefetch.kernel_args(prefetch if pf else None, "attention", q, pf_programs),
-        pf_programs=pf_programs,
-        G=G,
+        out.stride(0), out.stride(1), num_parts, G=G,
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad, P_PAD=p_pad,
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
         SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,

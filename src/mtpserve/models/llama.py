@@ -46,19 +46,12 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim,
                               (scale or cfg.head_dim) ** -0.5, layer_idx)
 
-    def forward(self, rope, x: torch.Tensor, batch: ForwardBatch,
-                next_weight: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``x`` [T, hidden] (normed) -> [T, hidden]; ``rope`` from ``RotaryEmbedding.lookup``.
-        Writes this step's K/V into the layer's cache in ``batch``. ``next_weight``: the weight
-        of the product after the o product; on CUDA the o weight and then its first bytes may
-        go to L2 while attention runs (kernels/l2_prefetch.py)."""
+        Writes this step's K/V into the layer's cache in ``batch``."""
         qkv = self.qkv_proj(x)
         if use_triton(qkv):
-            from mtpserve.kernels import l2_prefetch
-
-            pf = l2_prefetch.plan([self.o_proj.weight, next_weight], qkv.shape[0])
-            q = self._fused_qk_rope_kv(qkv, rope[2], batch, pf)
-            out = self.attn.attend(q, batch, prefetch=pf)
+            out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
         else:
             out = self._qk_rope_attend(qkv, rope, batch)
         # a split product's partials go to the next norm, which sums them (layers/linear.py)
@@ -75,9 +68,8 @@ class LlamaAttention(nn.Module):
         return self.attn(qk[:, :nq], qk[:, nq:], v, batch)
 
     def _fused_qk_rope_kv(self, qkv: torch.Tensor, positions: torch.Tensor,
-                          batch: ForwardBatch, prefetch=None) -> torch.Tensor:
-        """CUDA: q/k norms + RoPE + K/V cache write in one Triton kernel; returns q [T, Hq, D].
-        ``prefetch``: an ``l2_prefetch.Plan`` (or None)."""
+                          batch: ForwardBatch) -> torch.Tensor:
+        """CUDA: q/k norms + RoPE + K/V cache write in one Triton kernel; returns q [T, Hq, D]."""
         from mtpserve.kernels import fused_triton
 
         k_cache, v_cache = self.attn.kv_cache(batch)
@@ -88,7 +80,7 @@ class LlamaAttention(nn.Module):
         return fused_triton.qk_norm_rope_kv_write(
             qkv, self.attn.num_heads, self.attn.num_kv_heads, self.head_dim, positions,
             self.rotary.cos, self.rotary.signed_sin, k_cache, v_cache, batch.slot_mapping,
-            prefetch=prefetch, **norms)
+            **norms)
 
 
 class LlamaMLP(nn.Module):
@@ -168,7 +160,7 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         h, residual = self.input_layernorm.add_norm(h, residual)
-        h = self.self_attn(rope, h, batch, next_weight=self.mlp.gate_up_proj.weight)
+        h = self.self_attn(rope, h, batch)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
