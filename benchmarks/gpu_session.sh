@@ -318,6 +318,19 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -14
   ;;
+preload)  # no model needed, about 7 minutes: preloaded product tiles (gemv_triton.PRELOAD_TILE,
+  # session 22): their GPU tests, then the 1.7B and 8B batch-1 steps by tile, bracketed by
+  # recaptures, then by the largest weight that takes them
+  G=mtpserve.kernels.gemv_triton
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or split_k or deferred" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -15
+  timeout 260 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured \
+    "$G:PRELOAD_TILE:(64,512,8)" "$G:PRELOAD_TILE:(32,512,8)" "$G:PRELOAD_TILE:(64,256,4)" \
+    "$G:PRELOAD_TILE:(32,1024,8)" recaptured --json "$OUT/tiles.json" 2>&1 | grep -v "it/s" | tail -16
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --set "$G:PRELOAD_TILE:(64,512,8)" \
+    --compare "$G:PRELOAD_MAX_BYTES:20000000" "$G:PRELOAD_MAX_BYTES:120000000" "$G:PRELOAD_TILE:None" \
+    --json "$OUT/bytes.json" 2>&1 | grep -v "it/s" | tail -12
+  ;;
 boundary) # no model needed, about 2 minutes: what one dependency between phases costs, a
   # kernel boundary with and without PDL against a persistent kernel's signals (session 22)
   timeout 150 python3 benchmarks/gpu_boundary.py --programs 132 264 528 --work 0 2000 \

@@ -47,6 +47,49 @@ def check_split_k(device: str, shapes=((40, 300), (2048, 6144)), splits=(1, 2, 3
     return worst
 
 
+def check_preload(device: str) -> float:
+    """Preloaded tiles (``gemv(preload=True)``: the whole tile loaded before the PDL wait), the
+    reduction split into tiles of ``block_k`` inputs (CPU: float32 [40, 300] and [96, 2048],
+    16-row tiles of 128 / 512 inputs; CUDA: bfloat16 at the 1.7B o, q/k/v and down shapes,
+    64-row tiles of 512): within 1e-5 of a float32 reference (float32 output), with and without
+    bias; a row's bits do not depend on the rows beside it; repeatable bit for bit; the
+    deferred partials sum to the same bits; a tile shorter than its share of the reduction is
+    refused. Returns the worst relative error."""
+    from mtpserve.kernels import arrival
+    from mtpserve.kernels.gemv_triton import MAX_ROWS, gemv
+
+    if device == "cpu":
+        dtype, cases = torch.float32, [(40, 300, 16, 128, 4), (96, 2048, 16, 512, 4)]
+    else:
+        dtype, cases = torch.bfloat16, [(2048, 2048, 64, 512, 8), (4096, 2048, 64, 512, 8),
+                                        (2048, 6144, 64, 512, 8)]
+    worst = 0.0
+    for n, k, block_n, block_k, warps in cases:
+        g = torch.Generator().manual_seed(n + k)
+        w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
+        b = torch.randn(n, generator=g).to(device, dtype)
+        x = torch.randn(MAX_ROWS, k, generator=g).to(device, dtype)
+        ref = x.float() @ w.float().t()
+        kw = dict(block_n=block_n, block_k=block_k, num_warps=warps, split_k=-(-k // block_k),
+                  preload=True)
+        out = gemv(x, w, b, out_dtype=torch.float32, **kw)
+        worst = max(worst, _rel(out, ref + b.float()))
+        assert worst < 1e-5, (n, k, worst)
+        assert torch.equal(out, gemv(x, w, b, out_dtype=torch.float32, **kw)), (n, k)
+        y = gemv(x, w, **kw)
+        for m in (1, 5):
+            assert torch.equal(y[:m], gemv(x[:m], w, **kw)), (n, k, m)
+        assert torch.equal(gemv(x, w, defer_sum=True, **kw).total(), y), (n, k)
+        assert int(arrival.counters(w.device).abs().sum()) == 0
+    try:
+        gemv(x, w, block_n=16, block_k=128, split_k=1, preload=True)
+    except ValueError as e:
+        assert "shorter than" in str(e)
+    else:
+        raise AssertionError("a preloaded tile shorter than its reduction was taken")
+    return worst
+
+
 def check_deferred_sum(device: str, n: int = 96, k: int = 2048, split: int = 4) -> int:
     """A split product asked to defer its sum (``gemv(defer_sum=True)``) returns its partials;
     summed by ``add_rms_norm`` (or ``SplitKPartials.total``) they give the same bits as the

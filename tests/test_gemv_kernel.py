@@ -37,6 +37,21 @@ def test_deferred_split_k_sum_under_triton_interpreter():
     assert int(run_interpreted(_DEFERRED, timeout=300)) == 3
 
 
+_PRELOAD = """
+import gemv_check
+print("RESULT", gemv_check.check_preload("cpu"))
+"""
+
+
+def test_preloaded_tiles_under_triton_interpreter():
+    """check_preload("cpu") of tests/gemv_check.py: whole tiles loaded before the PDL wait,
+    [40, 300] (the last of 3 tiles of 128 inputs short) and [96, 2048] (4 tiles of 512) float32
+    weights, within 1e-5 of the reference, with and without bias, row-invariant, repeatable,
+    deferred partials summing to the same bits; a tile shorter than its share refused."""
+    worst = float(run_interpreted(_PRELOAD, timeout=300))
+    assert 0 < worst < 1e-5
+
+
 _SWIGLU = """
 import gemv_check
 print("RESULT", gemv_check.check_swiglu("cpu"), gemv_check.check_silu_interleaved("cpu"))

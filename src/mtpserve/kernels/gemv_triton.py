@@ -19,6 +19,17 @@ the unfused product stores), pairs neighbouring columns and writes ``silu(g) * u
 ``fused_triton.silu_and_mul`` computes it: bit-equal to the product then SiLU-and-mul, without
 the [M, 2I] intermediate or the second kernel.
 
+Preloaded tiles (``PRELOAD_TILE``; ``gemv(preload=True)``): a weight never depends on the
+kernel before, so each program loads its whole tile (``block_n`` rows by ``block_k`` inputs, the
+reduction split into such tiles) in one load before its PDL wait, and only the input rows after
+it. The loads of the programs resident at launch then overlap the kernel before and the wait,
+which hides the first bytes' latency; in one dependent chain of 8.4 MB products on the H200 a
+product took 3.16 us with its tile loaded before the wait against 4.66 us after it
+(benchmarks/gpu_boundary.py --matvec, BENCHMARKS.md, session 22). The tile lives in registers
+(64 x 512 at 8 warps: 128 registers, no spills, two programs per SM), so it is short and the
+reduction is split; a split product sums its partials as any other (kernels/arrival.py, or
+the next norm).
+
 Measured and removed (BENCHMARKS.md, session 21; the code is in commit ee87268): the whole MLP
 in one persistent kernel, gate/up tiles then a barrier over all its programs then the down
 product, was 1-3 us per MLP slower than these separate kernels (the barrier alone ~3 us); with
@@ -59,6 +70,11 @@ SWIGLU_EPILOGUE = True
 # 20, runs 3 and 5): there the down product costs 4.1 us more after a product than after the
 # one-program SiLU-and-mul kernel (its programs launched early under PDL; session 21, run 4)
 SWIGLU_MIN_K = 4096
+# (block_n, k_split, num_warps): weights of at most PRELOAD_MAX_BYTES take tiles of block_n rows
+# by k_split inputs (the reduction split k / k_split ways), each loaded whole, before the PDL
+# wait (module doc); None: every product takes the pipelined loop
+PRELOAD_TILE = None
+PRELOAD_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -103,15 +119,25 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.stride(-1) == 1)
 
 
-@functools.cache
 def tile_config(n: int, k: int) -> dict:
-    """Tile sizes and split-K factor for an [n, k] weight.
+    """Tile sizes, split-K factor and whether the tile is preloaded (``PRELOAD_TILE``) for an
+    [n, k] weight.
 
     From the sweep of benchmarks/gpu_gemv.py on the H200 with weights read from HBM
     (BENCHMARKS.md): wide outputs take wider tiles; few outputs over a reduction of 2048 or more
     (an o or down projection) split the reduction four ways (2048x6144: 10.0 us vs cuBLAS's
     own split-K 11.0 us; 2048x2048: 5.9 vs 6.8 unsplit).
     """
+    if PRELOAD_TILE is not None and n * k * 2 <= PRELOAD_MAX_BYTES:
+        block_n, k_split, warps = PRELOAD_TILE
+        return dict(block_n=block_n, block_k=k_split, num_warps=warps, stages=1,
+                    split_k=-(-k // k_split), preload=True)
+    return _pipelined_tile(n, k)
+
+
+@functools.cache
+def _pipelined_tile(n: int, k: int) -> dict:
+    """:func:`tile_config` for the pipelined loop."""
     split = 1
     if n >= 65536:
         block_n, block_k = 64, 128
@@ -127,7 +153,8 @@ def tile_config(n: int, k: int) -> dict:
         block_n, block_k, split = 32, 128, 4
     else:
         block_n, block_k = 16, 128 if k <= 576 else 256
-    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split)
+    return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split,
+                preload=False)
 
 
 def swiglu_fits(weight: torch.Tensor) -> bool:
@@ -148,22 +175,32 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PRELOAD: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    pdl_wait(PDL)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
-    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
-        k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
+    if PRELOAD:   # the whole tile in one load, issued before the wait (module doc)
+        k = pid_k * K_SPLIT + tl.arange(0, K_SPLIT)
         kmask = k < K
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                     mask=nmask[:, None] & kmask[None, :], other=0.0)
+        pdl_wait(PDL)
         x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
                     other=0.0)
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        acc = tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    else:
+        pdl_wait(PDL)
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+            k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0.0)
+            x = tl.load(x_ptr + m[:, None] * sx + k[None, :],
+                        mask=mmask[:, None] & kmask[None, :], other=0.0)
+            acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -206,7 +243,8 @@ def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr)
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
-         defer_sum: bool = False, swiglu: bool = False) -> torch.Tensor | SplitKPartials:
+         defer_sum: bool = False, swiglu: bool = False,
+         preload: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
@@ -217,21 +255,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor.
     ``swiglu``: ``weight`` is a gate/up weight [2I, K] with rows interleaved (gate j, up j);
     returns ``silu(g) * u`` [M, I], bit-equal to the product followed by
-    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). Raises ``ValueError`` for
-    more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of another width, or
-    ``swiglu`` with a bias, a split reduction or an odd N.
+    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload``: each
+    program loads its whole tile of ``block_n`` rows by ``block_k`` inputs (a power of two; the
+    reduction split ``split_k`` ways of at most ``block_k``) before its PDL wait. Raises
+    ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of
+    another width, ``swiglu`` with a bias, a split reduction or an odd N, or a preloaded tile
+    shorter than its share of the reduction.
     """
     M = x.shape[0]
     N, K = weight.shape
     if block_n is None:
         cfg = tile_config(N, K)
-        block_n, block_k, num_warps, stages, split_k = (
-            cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"])
+        block_n, block_k, num_warps, stages, split_k, preload = (
+            cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"],
+            cfg["preload"])
     _check(x, weight)
     if x.stride(-1) != 1:
         x = x.contiguous()
     k_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
     split_k = triton.cdiv(K, k_split)
+    if preload and k_split != block_k:
+        raise ValueError(f"gemv: a preloaded tile of {block_k} inputs is shorter than its "
+                         f"{k_split} of the reduction (K {K}, split_k {split_k})")
     if swiglu and (bias is not None or split_k > 1 or N % 2 or block_n % 2):
         raise ValueError(f"gemv: the SwiGLU epilogue takes an unsplit product of an even number "
                          f"of rows without bias (split_k {split_k}, N {N}, bias "
@@ -250,7 +295,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, PRELOAD=preload, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
