@@ -80,10 +80,12 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
            "default": tile_config(n, k)}
     res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
     best, res["all"] = None, []
-    for bn, bk, warps, stages, split in configs:
+    for bn, bk, warps, stages, split, *preload in configs:
         if _too_split(k, bk, split):
             continue
         kw = dict(block_n=bn, block_k=bk, num_warps=warps, stages=stages, split_k=split)
+        if preload and preload[0]:   # a preloaded tile: the reduction in tiles of bk
+            kw.update(split_k=-(-k // bk), preload=preload[0])
         try:
             out = gemv(x, ws[0], **kw)
         except Exception as e:  # a tile past the shared-memory limit
@@ -92,7 +94,7 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
         err = ((out.float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (kw, err)
         t = graph_time(lambda i: gemv(x, ws[i % copies], **kw))
-        res["all"].append([bn, bk, warps, stages, split, round(t, 3)])
+        res["all"].append([bn, bk, warps, stages, kw["split_k"], *preload, round(t, 3)])
         if best is None or t < best[0]:
             best = (t, kw)
     res["best_us"], res["best"] = best
@@ -102,7 +104,7 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
 def _compile_one(job) -> str:
     """Compile (and launch once) one configuration in a worker process, for the shared Triton
     cache; returns an error name or ''."""
-    m, n, k, (bn, bk, warps, stages, split) = job
+    m, n, k, (bn, bk, warps, stages, split, *_) = job
     if _too_split(k, bk, split):
         return ""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -130,12 +132,17 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["1.7b", "8b"], choices=list(SHAPES))
     ap.add_argument("--only", nargs="+", default=None, metavar="NxK",
                     help="only these weight shapes, e.g. 24576x4096")
-    ap.add_argument("--grid", choices=["default", "wide"], default="default")
+    ap.add_argument("--grid", choices=["default", "wide", "none"], default="default")
+    ap.add_argument("--preload", nargs="+", default=[], metavar="BN,BK,WARPS,MODE",
+                    help="also these preloaded tiles (gemv(preload=MODE), the reduction split "
+                         "into tiles of BK)")
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
                     help="compile all configurations in this many processes first")
     ap.add_argument("--json")
     a = ap.parse_args()
-    grid = WIDE if a.grid == "wide" else CONFIGS
+    grid = {"wide": WIDE, "default": CONFIGS, "none": []}[a.grid]
+    grid = grid + [(bn, bk, w, 1, 1, mode) for bn, bk, w, mode in
+                   (map(int, spec.split(",")) for spec in a.preload)]
     picked = [(m, n, k) for m, name in itertools.product(a.rows, a.shapes)
               for n, k in SHAPES[name] if not a.only or f"{n}x{k}" in a.only]
     if a.precompile:
@@ -152,6 +159,9 @@ def main() -> None:
         print(f"rows {m:2} N {n:6} K {k:5}: cuBLAS {r['cublas_us']:7.2f} us "
               f"({bw(r['cublas_us']):5.0f} GB/s)  {dflt}  best {r['best_us']:7.2f} us "
               f"({bw(r['best_us']):5.0f} GB/s) {r['best']}", flush=True)
+        if a.grid == "none":   # a few configurations: each one's time
+            for row in r["all"]:
+                print(f"    {row[:-1]}: {row[-1]:7.2f} us ({bw(row[-1]):5.0f} GB/s)")
 
 
 if __name__ == "__main__":

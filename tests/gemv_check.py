@@ -47,8 +47,9 @@ def check_split_k(device: str, shapes=((40, 300), (2048, 6144)), splits=(1, 2, 3
     return worst
 
 
-def check_preload(device: str) -> float:
-    """Preloaded tiles (``gemv(preload=True)``: the whole tile loaded before the PDL wait), the
+def check_preload(device: str, mode: int = 1) -> float:
+    """Preloaded tiles (``gemv(preload=mode)``: the whole tile loaded before the PDL wait; mode
+    1 multiplies in one tl.dot, 2 row by row), the
     reduction split into tiles of ``block_k`` inputs (CPU: float32 [40, 300] and [96, 2048],
     16-row tiles of 128 / 512 inputs; CUDA: bfloat16 at the 1.7B o, q/k/v and down shapes,
     64-row tiles of 512): within 1e-5 of a float32 reference (float32 output), with and without
@@ -71,7 +72,7 @@ def check_preload(device: str) -> float:
         x = torch.randn(MAX_ROWS, k, generator=g).to(device, dtype)
         ref = x.float() @ w.float().t()
         kw = dict(block_n=block_n, block_k=block_k, num_warps=warps, split_k=-(-k // block_k),
-                  preload=True)
+                  preload=mode)
         out = gemv(x, w, b, out_dtype=torch.float32, **kw)
         worst = max(worst, _rel(out, ref + b.float()))
         assert worst < 1e-5, (n, k, worst)
@@ -82,7 +83,7 @@ def check_preload(device: str) -> float:
         assert torch.equal(gemv(x, w, defer_sum=True, **kw).total(), y), (n, k)
         assert int(arrival.counters(w.device).abs().sum()) == 0
     try:
-        gemv(x, w, block_n=16, block_k=128, split_k=1, preload=True)
+        gemv(x, w, block_n=16, block_k=128, split_k=1, preload=mode)
     except ValueError as e:
         assert "shorter than" in str(e)
     else:

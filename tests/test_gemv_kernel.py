@@ -39,12 +39,13 @@ def test_deferred_split_k_sum_under_triton_interpreter():
 
 _PRELOAD = """
 import gemv_check
-print("RESULT", gemv_check.check_preload("cpu"))
+print("RESULT", max(gemv_check.check_preload("cpu", 1), gemv_check.check_preload("cpu", 2)))
 """
 
 
 def test_preloaded_tiles_under_triton_interpreter():
-    """check_preload("cpu") of tests/gemv_check.py: whole tiles loaded before the PDL wait,
+    """check_preload("cpu", 1 and 2) of tests/gemv_check.py: whole tiles loaded before the PDL
+    wait, multiplied in one dot or row by row,
     [40, 300] (the last of 3 tiles of 128 inputs short) and [96, 2048] (4 tiles of 512) float32
     weights, within 1e-5 of the reference, with and without bias, row-invariant, repeatable,
     deferred partials summing to the same bits; a tile shorter than its share refused."""

@@ -736,7 +736,8 @@ def test_preloaded_product_tiles(tmp_path):
     from mtpserve import LLM
     from mtpserve.kernels import gemv_triton
 
-    assert gemv_check.check_preload("cuda") < 1e-5
+    assert gemv_check.check_preload("cuda", 1) < 1e-5
+    assert gemv_check.check_preload("cuda", 2) < 1e-5
     hf = tiny_hf_model("qwen3", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
                        head_dim=128, intermediate_size=2048)
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,

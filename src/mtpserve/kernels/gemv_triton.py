@@ -75,6 +75,9 @@ SWIGLU_MIN_K = 4096
 # wait (module doc); None: every product takes the pipelined loop
 PRELOAD_TILE = None
 PRELOAD_MAX_BYTES = 64 << 20
+# how a preloaded tile is multiplied: 1, the rows of x padded to ROWS in one tl.dot; 2, row by
+# row with a float32 multiply and sum
+PRELOAD_MODE = 1
 
 
 @dataclass
@@ -131,7 +134,7 @@ def tile_config(n: int, k: int) -> dict:
     if PRELOAD_TILE is not None and n * k * 2 <= PRELOAD_MAX_BYTES:
         block_n, k_split, warps = PRELOAD_TILE
         return dict(block_n=block_n, block_k=k_split, num_warps=warps, stages=1,
-                    split_k=-(-k // k_split), preload=True)
+                    split_k=-(-k // k_split), preload=PRELOAD_MODE)
     return _pipelined_tile(n, k)
 
 
@@ -154,7 +157,7 @@ def _pipelined_tile(n: int, k: int) -> dict:
     else:
         block_n, block_k = 16, 128 if k <= 576 else 256
     return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split,
-                preload=False)
+                preload=0)
 
 
 def swiglu_fits(weight: torch.Tensor) -> bool:
@@ -181,15 +184,22 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
-    if PRELOAD:   # the whole tile in one load, issued before the wait (module doc)
+    if PRELOAD > 0:   # the whole tile in one load, issued before the wait (module doc)
         k = pid_k * K_SPLIT + tl.arange(0, K_SPLIT)
         kmask = k < K
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                     mask=nmask[:, None] & kmask[None, :], other=0.0)
         pdl_wait(PDL)
-        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                    other=0.0)
-        acc = tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        if PRELOAD == 1:   # the rows of x padded to ROWS, one dot
+            x = tl.load(x_ptr + m[:, None] * sx + k[None, :],
+                        mask=mmask[:, None] & kmask[None, :], other=0.0)
+            acc = tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        else:   # row by row, multiply and sum (float32): no padding, the same bits for any M
+            acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+            wf = w.to(tl.float32)
+            for i in range(M):
+                xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
+                acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
     else:
         pdl_wait(PDL)
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
@@ -244,7 +254,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
          defer_sum: bool = False, swiglu: bool = False,
-         preload: bool = False) -> torch.Tensor | SplitKPartials:
+         preload: int = 0) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
@@ -255,9 +265,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor.
     ``swiglu``: ``weight`` is a gate/up weight [2I, K] with rows interleaved (gate j, up j);
     returns ``silu(g) * u`` [M, I], bit-equal to the product followed by
-    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload``: each
-    program loads its whole tile of ``block_n`` rows by ``block_k`` inputs (a power of two; the
-    reduction split ``split_k`` ways of at most ``block_k``) before its PDL wait. Raises
+    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload`` (1 or 2,
+    ``PRELOAD_MODE``): each program loads its whole tile of ``block_n`` rows by ``block_k``
+    inputs (a power of two; the reduction split ``split_k`` ways of at most ``block_k``) before
+    its PDL wait. Raises
     ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of
     another width, ``swiglu`` with a bias, a split reduction or an odd N, or a preloaded tile
     shorter than its share of the reduction.
@@ -295,7 +306,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, PRELOAD=preload, **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, PRELOAD=int(preload), **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
