@@ -722,11 +722,13 @@ def test_fla_varlen_chunk_matches_the_reference():
         torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
 
 
-def test_preloaded_product_tiles(tmp_path):
+@pytest.mark.parametrize("tile,mode", [((64, 512, 8), 1), ((16, 2048, 8), 2)])
+def test_preloaded_product_tiles(tmp_path, tile, mode):
     """gemv_triton.PRELOAD_TILE (whole tiles loaded before the PDL wait): tests/gemv_check.py's
     kernel check in bfloat16 at the 1.7B o, q/k/v and down shapes; then a tiny Qwen3 whose
-    products all take 64 x 512 preloaded tiles: prompt logits (12 tokens, eager) within 1% of
-    the pipelined products' and the same greedy tokens through CUDA graphs."""
+    products all take preloaded tiles (64 x 512 in one dot, or 16 x 2048 row by row): prompt
+    logits (12 tokens, eager) within 1% of the pipelined products' and the same greedy tokens
+    through CUDA graphs."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -736,8 +738,7 @@ def test_preloaded_product_tiles(tmp_path):
     from mtpserve import LLM
     from mtpserve.kernels import gemv_triton
 
-    assert gemv_check.check_preload("cuda", 1) < 1e-5
-    assert gemv_check.check_preload("cuda", 2) < 1e-5
+    assert gemv_check.check_preload("cuda", mode) < 1e-5
     hf = tiny_hf_model("qwen3", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
                        head_dim=128, intermediate_size=2048)
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
@@ -749,12 +750,13 @@ def test_preloaded_product_tiles(tmp_path):
         llm.engine.runner.capture_cuda_graphs()
         return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
 
-    default = gemv_triton.PRELOAD_TILE
+    default = gemv_triton.PRELOAD_TILE, gemv_triton.PRELOAD_MODE
     try:
-        pipelined, preloaded = outputs(None), outputs((64, 512, 8))
-        assert gemv_triton.tile_config(2048, 256)["preload"]
+        gemv_triton.PRELOAD_MODE = mode
+        pipelined, preloaded = outputs(None), outputs(tile)
+        assert gemv_triton.tile_config(2048, 256)["preload"] == mode
     finally:
-        gemv_triton.PRELOAD_TILE = default
+        gemv_triton.PRELOAD_TILE, gemv_triton.PRELOAD_MODE = default
         llm.engine.runner.capture_cuda_graphs()
     rel = ((preloaded[0] - pipelined[0]).norm() / pipelined[0].norm()).item()
     assert rel < 1e-2, rel
