@@ -77,7 +77,7 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
     ref = (x.float() @ ws[0].float().t())
     res = {"rows": m, "n": n, "k": k, "gb": n * k * 2 / 1e9,
            "cublas_us": graph_time(lambda i: torch.mm(x, ws[i % copies].t())),
-           "default": tile_config(n, k)}
+           "default": tile_config(n, k, m)}
     res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
     best, res["all"] = None, []
     for bn, bk, warps, stages, split, *preload in configs:

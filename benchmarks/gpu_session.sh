@@ -318,35 +318,13 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
     --compare recaptured no_swiglu_epilogue recaptured --json "$OUT/decode.json" 2>&1 \
     | grep -v "it/s" | tail -14
   ;;
-preload)  # no model needed, about 7 minutes: preloaded product tiles (gemv_triton.PRELOAD_TILE,
-  # session 22): their GPU tests, then the 1.7B and 8B batch-1 steps by tile, bracketed by
-  # recaptures, then by the largest weight that takes them
-  G=mtpserve.kernels.gemv_triton
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or split_k or deferred" 2>&1 \
-    | tee "$OUT/gpu_tests.log" | tail -15
-  timeout 260 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured \
-    "$G:PRELOAD_TILE:(64,512,8)" "$G:PRELOAD_TILE:(32,512,8)" "$G:PRELOAD_TILE:(64,256,4)" \
-    "$G:PRELOAD_TILE:(32,1024,8)" recaptured --json "$OUT/tiles.json" 2>&1 | grep -v "it/s" | tail -16
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --set "$G:PRELOAD_TILE:(64,512,8)" \
-    --compare "$G:PRELOAD_MAX_BYTES:20000000" "$G:PRELOAD_MAX_BYTES:120000000" "$G:PRELOAD_TILE:None" \
-    --json "$OUT/bytes.json" 2>&1 | grep -v "it/s" | tail -12
-  ;;
-preload2) # no model needed, about 7 minutes: preloaded tiles multiplied row by row
-  # (gemv_triton.PRELOAD_MODE 2, the shape of gpu_boundary --matvec's kernel): GPU tests, the
-  # 1.7B products alone in chains of 20 by tile, the 1.7B and 8B steps by tile, the 1.7B step
-  # with only the o product preloaded
-  G=mtpserve.kernels.gemv_triton
-  timeout 120 python3 -m pytest -q tests/test_gpu.py -k "preloaded" 2>&1 | tee "$OUT/gpu_tests.log" | tail -5
-  timeout 150 python3 benchmarks/gpu_gemv.py --rows 1 --shapes 1.7b --grid none \
-    --only 4096x2048 2048x2048 12288x2048 2048x6144 \
-    --preload 64,512,8,1 16,2048,8,2 32,512,4,2 32,1024,8,2 64,512,8,2 --json "$OUT/gemv.json" \
-    2>&1 | tee "$OUT/gemv.log"
-  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --set "$G:PRELOAD_MODE:2" \
-    --compare recaptured "$G:PRELOAD_TILE:(16,2048,8)" "$G:PRELOAD_TILE:(32,1024,8)" \
-    "$G:PRELOAD_TILE:(32,512,4)" recaptured --json "$OUT/tiles.json" 2>&1 | grep -v "it/s" | tail -14
-  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --set "$G:PRELOAD_MODE:2" \
-    "$G:PRELOAD_TILE:(16,2048,8)" --compare "$G:PRELOAD_MAX_BYTES:10000000" "$G:PRELOAD_TILE:None" \
-    --json "$OUT/o_only.json" 2>&1 | grep -v "it/s" | tail -6
+preload)  # no model needed, about 6 minutes: preloaded product tiles (gemv_triton.PRELOAD,
+  # session 22): the product and model GPU tests, then the three dense shapes' steps with and
+  # without, bracketed by recaptures (stages preload / preload2 of 8e51266 swept the tiles)
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or split_k or deferred or swiglu or interleaved" \
+    2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b smollm2-135m qwen3-8b --compare recaptured \
+    no_preload recaptured --json "$OUT/decode.json" 2>&1 | grep -v "it/s" | tail -16
   ;;
 boundary) # no model needed, about 2 minutes: what one dependency between phases costs, a
   # kernel boundary with and without PDL against a persistent kernel's signals (session 22)

@@ -39,16 +39,16 @@ def test_deferred_split_k_sum_under_triton_interpreter():
 
 _PRELOAD = """
 import gemv_check
-print("RESULT", max(gemv_check.check_preload("cpu", 1), gemv_check.check_preload("cpu", 2)))
+print("RESULT", gemv_check.check_preload("cpu"))
 """
 
 
 def test_preloaded_tiles_under_triton_interpreter():
-    """check_preload("cpu", 1 and 2) of tests/gemv_check.py: whole tiles loaded before the PDL
-    wait, multiplied in one dot or row by row,
-    [40, 300] (the last of 3 tiles of 128 inputs short) and [96, 2048] (4 tiles of 512) float32
-    weights, within 1e-5 of the reference, with and without bias, row-invariant, repeatable,
-    deferred partials summing to the same bits; a tile shorter than its share refused."""
+    """check_preload("cpu") of tests/gemv_check.py: whole tiles loaded before the PDL wait and
+    multiplied row by row, [40, 300] (one tile of 512 inputs, masked) and [96, 2048] (4 tiles
+    of 512) float32 weights, within 1e-5 of the reference, with and without bias,
+    row-invariant, repeatable, deferred partials summing to the same bits; a tile shorter than
+    its share refused."""
     worst = float(run_interpreted(_PRELOAD, timeout=300))
     assert 0 < worst < 1e-5
 

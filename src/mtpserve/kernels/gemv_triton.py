@@ -19,16 +19,19 @@ the unfused product stores), pairs neighbouring columns and writes ``silu(g) * u
 ``fused_triton.silu_and_mul`` computes it: bit-equal to the product then SiLU-and-mul, without
 the [M, 2I] intermediate or the second kernel.
 
-Preloaded tiles (``PRELOAD_TILE``; ``gemv(preload=True)``): a weight never depends on the
-kernel before, so each program loads its whole tile (``block_n`` rows by ``block_k`` inputs, the
-reduction split into such tiles) in one load before its PDL wait, and only the input rows after
-it. The loads of the programs resident at launch then overlap the kernel before and the wait,
-which hides the first bytes' latency; in one dependent chain of 8.4 MB products on the H200 a
-product took 3.16 us with its tile loaded before the wait against 4.66 us after it
-(benchmarks/gpu_boundary.py --matvec, BENCHMARKS.md, session 22). The tile lives in registers
-(64 x 512 at 8 warps: 128 registers, no spills, two programs per SM), so it is short and the
-reduction is split; a split product sums its partials as any other (kernels/arrival.py, or
-the next norm).
+Preloaded tiles (``PRELOAD``; ``gemv(preload=True)``): a weight never depends on the kernel
+before, so where a product's tiles of 16 rows by its whole reduction are one wave (at most
+``PRELOAD_MAX_TILES`` of them, at most ``PRELOAD_MAX_K`` inputs: the 1.7B o product, the 135M's
+small products) and it has at most ``PRELOAD_MAX_ROWS`` rows (decode, a verify of 1 + 3 tokens),
+each program loads its whole tile into registers in one load before its PDL wait, and then
+multiplies it row by row of x (a float32 multiply and sum: a row's bits do not depend on the
+rows beside it). The programs of the next product then load while the previous one's last
+programs finish and the wait resolves. On the H200 the 1.7B o product took 3.62 us in a chain of
+20 against 5.66 us pipelined, and the batch-1 step 1.444 against 1.509 ms (BENCHMARKS.md, session
+22). Larger products (more than one wave) were slower preloaded, row by row or in one dot, as
+were more rows (the row loop: 16-row steps ran at a quarter of the speed), so they keep the
+pipelined loop; a product's bits therefore differ between up to 4 rows and 5-16 rows, as they
+already differ between the skinny product and cuBLAS past 16.
 
 Measured and removed (BENCHMARKS.md, session 21; the code is in commit ee87268): the whole MLP
 in one persistent kernel, gate/up tiles then a barrier over all its programs then the down
@@ -70,14 +73,13 @@ SWIGLU_EPILOGUE = True
 # 20, runs 3 and 5): there the down product costs 4.1 us more after a product than after the
 # one-program SiLU-and-mul kernel (its programs launched early under PDL; session 21, run 4)
 SWIGLU_MIN_K = 4096
-# (block_n, k_split, num_warps): weights of at most PRELOAD_MAX_BYTES take tiles of block_n rows
-# by k_split inputs (the reduction split k / k_split ways), each loaded whole, before the PDL
-# wait (module doc); None: every product takes the pipelined loop
-PRELOAD_TILE = None
-PRELOAD_MAX_BYTES = 64 << 20
-# how a preloaded tile is multiplied: 1, the rows of x padded to ROWS in one tl.dot; 2, row by
-# row with a float32 multiply and sum
-PRELOAD_MODE = 1
+# on: products of few rows whose tiles fit one wave take preloaded tiles (module doc); off, the
+# pipelined loop always (benchmarks/gpu_decode.py --compare no_preload)
+PRELOAD = True
+PRELOAD_MAX_ROWS = 4
+PRELOAD_MAX_K = 2048      # the tile's registers: 16 x 2048 bf16 at 8 warps, 174 registers
+PRELOAD_MAX_TILES = 132   # one wave of one program per SM on an H100 / H200
+PRELOAD_BLOCK_N = 16
 
 
 @dataclass
@@ -122,19 +124,19 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.stride(-1) == 1)
 
 
-def tile_config(n: int, k: int) -> dict:
-    """Tile sizes, split-K factor and whether the tile is preloaded (``PRELOAD_TILE``) for an
-    [n, k] weight.
+def tile_config(n: int, k: int, rows: int = 1) -> dict:
+    """Tile sizes, split-K factor and whether the tile is preloaded (``PRELOAD``, module doc)
+    for ``rows`` rows of x by an [n, k] weight.
 
     From the sweep of benchmarks/gpu_gemv.py on the H200 with weights read from HBM
     (BENCHMARKS.md): wide outputs take wider tiles; few outputs over a reduction of 2048 or more
     (an o or down projection) split the reduction four ways (2048x6144: 10.0 us vs cuBLAS's
     own split-K 11.0 us; 2048x2048: 5.9 vs 6.8 unsplit).
     """
-    if PRELOAD_TILE is not None and n * k * 2 <= PRELOAD_MAX_BYTES:
-        block_n, k_split, warps = PRELOAD_TILE
-        return dict(block_n=block_n, block_k=k_split, num_warps=warps, stages=1,
-                    split_k=-(-k // k_split), preload=PRELOAD_MODE)
+    if (PRELOAD and rows <= PRELOAD_MAX_ROWS and k <= PRELOAD_MAX_K
+            and -(-n // PRELOAD_BLOCK_N) <= PRELOAD_MAX_TILES):
+        return dict(block_n=PRELOAD_BLOCK_N, block_k=triton.next_power_of_2(k), num_warps=8,
+                    stages=1, split_k=1, preload=True)
     return _pipelined_tile(n, k)
 
 
@@ -157,17 +159,18 @@ def _pipelined_tile(n: int, k: int) -> dict:
     else:
         block_n, block_k = 16, 128 if k <= 576 else 256
     return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split,
-                preload=0)
+                preload=False)
 
 
 def swiglu_fits(weight: torch.Tensor) -> bool:
     """Whether ``gemv(x, weight, swiglu=True)`` applies and pays with :func:`tile_config`'s
     tiles: SWIGLU_EPILOGUE on, at least SWIGLU_MIN_K inputs (the 8B gate/up shape 24576 x 4096
     has; the 1.7B one, 12288 x 2048, has not), an even number of rows [2I] and an unsplit
-    reduction (a narrow tensor-parallel shard over a long reduction may split)."""
+    reduction at every row count (a narrow tensor-parallel shard over a long reduction may
+    split)."""
     n, k = weight.shape
     return (SWIGLU_EPILOGUE and k >= SWIGLU_MIN_K and n % 2 == 0
-            and tile_config(n, k)["split_k"] == 1)
+            and all(tile_config(n, k, rows)["split_k"] == 1 for rows in (1, MAX_ROWS)))
 
 
 # M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16
@@ -184,22 +187,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
-    if PRELOAD > 0:   # the whole tile in one load, issued before the wait (module doc)
+    if PRELOAD:   # the whole tile in one load, issued before the wait (module doc)
         k = pid_k * K_SPLIT + tl.arange(0, K_SPLIT)
         kmask = k < K
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                     mask=nmask[:, None] & kmask[None, :], other=0.0)
         pdl_wait(PDL)
-        if PRELOAD == 1:   # the rows of x padded to ROWS, one dot
-            x = tl.load(x_ptr + m[:, None] * sx + k[None, :],
-                        mask=mmask[:, None] & kmask[None, :], other=0.0)
-            acc = tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
-        else:   # row by row, multiply and sum (float32): no padding, the same bits for any M
-            acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-            wf = w.to(tl.float32)
-            for i in range(M):
-                xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
-                acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
+        # row by row, float32 multiply and sum: no padding rows, the same bits for any M
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        wf = w.to(tl.float32)
+        for i in range(M):
+            xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
+            acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
     else:
         pdl_wait(PDL)
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
@@ -254,21 +253,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
          defer_sum: bool = False, swiglu: bool = False,
-         preload: int = 0) -> torch.Tensor | SplitKPartials:
+         preload: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
     ``out_dtype`` (default x's dtype). ``split_k`` > 1 splits the reduction over that
     many programs per output tile, summed in a fixed order by the last (kernels/arrival.py).
-    Tile sizes default to :func:`tile_config`; the result of a row does not depend on M.
+    Tile sizes default to :func:`tile_config`; for given tiles the result of a row does not
+    depend on M (the default tiles change past ``PRELOAD_MAX_ROWS`` rows).
     ``defer_sum`` (no bias, DEFER_SUM on): a split product returns its partials as
     :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor.
     ``swiglu``: ``weight`` is a gate/up weight [2I, K] with rows interleaved (gate j, up j);
     returns ``silu(g) * u`` [M, I], bit-equal to the product followed by
-    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload`` (1 or 2,
-    ``PRELOAD_MODE``): each program loads its whole tile of ``block_n`` rows by ``block_k``
-    inputs (a power of two; the reduction split ``split_k`` ways of at most ``block_k``) before
-    its PDL wait. Raises
+    ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload``: each
+    program loads its whole tile of ``block_n`` rows by ``block_k`` inputs (a power of two; the
+    reduction split ``split_k`` ways of at most ``block_k``) before its PDL wait and multiplies
+    it row by row (module doc). Raises
     ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of
     another width, ``swiglu`` with a bias, a split reduction or an odd N, or a preloaded tile
     shorter than its share of the reduction.
@@ -276,7 +276,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     M = x.shape[0]
     N, K = weight.shape
     if block_n is None:
-        cfg = tile_config(N, K)
+        cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
             cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"],
             cfg["preload"])
@@ -306,7 +306,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, PRELOAD=int(preload), **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, PRELOAD=bool(preload), **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
