@@ -22,16 +22,17 @@ the [M, 2I] intermediate or the second kernel.
 Preloaded tiles (``PRELOAD``; ``gemv(preload=True)``): a weight never depends on the kernel
 before, so where a product's tiles of 16 rows by its whole reduction are one wave (at most
 ``PRELOAD_MAX_TILES`` of them, at most ``PRELOAD_MAX_K`` inputs: the 1.7B o product, the 135M's
-small products) and it has at most ``PRELOAD_MAX_ROWS`` rows (decode, a verify of 1 + 3 tokens),
-each program loads its whole tile into registers in one load before its PDL wait, and then
-multiplies it row by row of x (a float32 multiply and sum: a row's bits do not depend on the
-rows beside it). The programs of the next product then load while the previous one's last
-programs finish and the wait resolves. On the H200 the 1.7B o product took 3.62 us in a chain of
-20 against 5.66 us pipelined, and the batch-1 step 1.444 against 1.509 ms (BENCHMARKS.md, session
-22). Larger products (more than one wave) were slower preloaded, row by row or in one dot, as
-were more rows (the row loop: 16-row steps ran at a quarter of the speed), so they keep the
-pipelined loop; a product's bits therefore differ between up to 4 rows and 5-16 rows, as they
-already differ between the skinny product and cuBLAS past 16.
+q/k/v, o and down products) and it has at most ``PRELOAD_MAX_ROWS`` rows (a decode step at batch
+1), each program loads its whole tile into registers in one load before its PDL wait, and then
+multiplies it row by row of x (a float32 multiply and sum: for given tiles a row's bits do not
+depend on the rows beside it). The programs of the next product then load while the previous
+one's last programs finish and the wait resolves. On the H200 the 1.7B o product took 3.62 us
+in a chain of 20 against 5.66 us pipelined, and the batch-1 step fell from 1.504 to 1.443 ms
+(1.7B) and from 0.742 to 0.640 ms (135M; BENCHMARKS.md, session 22). Larger products (more
+than one wave) were slower preloaded, row by row or in one dot; so were more rows (the row loop:
+at 4 rows the 135M's verify forward took 0.822 ms against 0.718 pipelined), so they keep the
+pipelined loop, and a product's bits differ between one row and several, as they already
+differ between the skinny product and cuBLAS past 16.
 
 Measured and removed (BENCHMARKS.md, session 21; the code is in commit ee87268): the whole MLP
 in one persistent kernel, gate/up tiles then a barrier over all its programs then the down
@@ -76,7 +77,7 @@ SWIGLU_MIN_K = 4096
 # on: products of few rows whose tiles fit one wave take preloaded tiles (module doc); off, the
 # pipelined loop always (benchmarks/gpu_decode.py --compare no_preload)
 PRELOAD = True
-PRELOAD_MAX_ROWS = 4
+PRELOAD_MAX_ROWS = 1
 PRELOAD_MAX_K = 2048      # the tile's registers: 16 x 2048 bf16 at 8 warps, 174 registers
 PRELOAD_MAX_TILES = 132   # one wave of one program per SM on an H100 / H200
 PRELOAD_BLOCK_N = 16
