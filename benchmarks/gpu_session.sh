@@ -36,9 +36,10 @@
 #   SwiGLU epilogue and without). Session 20's stages s20a / s20b timed
 #   the attention's arrival merge, since reverted; session 21's persistent / trigger timed a
 #   persistent MLP kernel and a late PDL trigger, and split2 the 1.7B o / down products split two
-#   ways, session 22's prefetch an L2 prefetch during attention, since removed (BENCHMARKS.md
-#   has their commands); boundary (what one dependency between phases costs:
-#   benchmarks/gpu_boundary.py).
+#   ways, session 22's prefetch an L2 prefetch during attention and preload2 a sweep of
+#   preloaded tiles, since removed (BENCHMARKS.md has their commands); boundary (what one
+#   dependency between phases costs: benchmarks/gpu_boundary.py); preload (the preloaded
+#   products' GPU tests and the 1.7B / 135M steps with and without).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -320,7 +321,7 @@ s20d)     # no model needed, about 8 minutes: the whole GPU test file (the real-
   ;;
 preload)  # no model needed, about 6 minutes: preloaded product tiles (gemv_triton.PRELOAD,
   # session 22): the product and model GPU tests, then the 1.7B and 135M steps with and
-  # without, bracketed by recaptures (stages preload / preload2 of 8e51266 swept the tiles)
+  # without, bracketed by recaptures (stages preload / preload2 of 59ff835 swept the tiles)
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or split_k or deferred or swiglu or interleaved" \
     2>&1 | tee "$OUT/gpu_tests.log" | tail -8
   timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b smollm2-135m --compare recaptured \
