@@ -7,8 +7,12 @@ until the previous kernel has finished and its stores are visible (``griddepcont
 before it reads or writes anything, and then lets the next kernel launch
 (``griddepcontrol.launch_dependents``), whose programs get ready while this one works.
 Measured and dropped: an L2 prefetch of the weights before the wait, a bulk L2 prefetch of the
-next product's weight issued by the short kernel before it, and loading each product
-program's first weight tile before the wait (BENCHMARKS.md, sessions 5, 18, 19); letting the
+next product's weight issued by the short kernel before it or from extra programs during
+attention, and loading each product program's first pipelined weight tile before the wait
+(BENCHMARKS.md, sessions 5, 18, 19, 22). What paid: a one-row product whose tiles are one wave
+loads its whole tile before the wait (kernels/gemv_triton.py, ``PRELOAD``). A PDL boundary
+(~0.9 us on the H200) is also cheaper than any signal through memory inside one persistent
+kernel (benchmarks/gpu_boundary.py, session 22). Letting the
 next kernel launch before this one's wait (session 17) or only after a product's loads (session
 21) was slower too. Kernels not
 launched with PDL (cuBLAS, PyTorch) keep the usual stream order, and the wait returns at once
