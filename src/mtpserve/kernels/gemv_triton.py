@@ -188,29 +188,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, ROWS)
     nmask, mmask = n < N, m < M
-    if PRELOAD:   # the whole tile in one load, issued before the wait (module doc)
-        k = pid_k * K_SPLIT + tl.arange(0, K_SPLIT)
-        kmask = k < K
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)
-        pdl_wait(PDL)
-        # row by row, float32 multiply and sum: no padding rows, the same bits for any M
-        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        wf = w.to(tl.float32)
-        for i in range(M):
-            xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
-            acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
+    k_start = pid_k * K_SPLIT
+    if PRELOAD:
+        acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
+                              BLOCK_N, ROWS, PDL)
     else:
         pdl_wait(PDL)
-        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
-            k = pid_k * K_SPLIT + k0 + tl.arange(0, BLOCK_K)
-            kmask = k < K
-            w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                        mask=nmask[:, None] & kmask[None, :], other=0.0)
-            x = tl.load(x_ptr + m[:, None] * sx + k[None, :],
-                        mask=mmask[:, None] & kmask[None, :], other=0.0)
-            acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        acc = _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
+                                  K_SPLIT, PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES)
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -226,6 +211,44 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
         _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
     else:
         _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
+
+
+@triton.jit
+def _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
+                        K_SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
+    """``x[m, k] @ w[n, k]^T`` over ``k`` in [k_start, k_start + K_SPLIT) and below K: one
+    program's float32 [ROWS, BLOCK_N] tile, ``BLOCK_K`` inputs a step in a pipelined loop (the
+    rows of x padded to ROWS for ``tl.dot``)."""
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+        k = k_start + k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(x_ptr + m[:, None] * sx + k[None, :],
+                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    """The same tile with the weight loaded whole before the PDL wait (module doc), then each
+    of the M rows of x multiplied and summed in float32: no padding rows, and a row's bits do
+    not depend on the rows beside it."""
+    k = k_start + tl.arange(0, K_SPLIT)
+    kmask = k < K
+    w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                mask=nmask[:, None] & kmask[None, :], other=0.0)
+    pdl_wait(PDL)
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    wf = w.to(tl.float32)
+    for i in range(M):
+        xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
+        acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
+    return acc
 
 
 @triton.jit
