@@ -116,16 +116,23 @@ def phases_graph(mode: str, G: int, phases: int, work_ns: int) -> torch.cuda.CUD
                                      MODE=MODES.index(mode) - 2,
                                      G_PAD=triton.next_power_of_2(G))
 
-    run()   # compile
+    graph = captured(run, (buf, sync, flags))
+    # every phase ran: each value went up by one per phase
+    assert int(buf.max()) >= phases - 1, (mode, int(buf.max()))
+    return graph
+
+
+def captured(run, keep: tuple) -> torch.cuda.CUDAGraph:
+    """``run()`` once eagerly (compiles), then captured in a CUDA graph and replayed once; the
+    graph holds ``keep`` (the tensors it reads and writes) as ``graph.keep``."""
+    run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
     graph.replay()
     torch.cuda.synchronize()
-    # every phase ran: each value went up by one per phase
-    assert int(buf.max()) >= phases - 1, (mode, int(buf.max()))
-    graph.keep = (buf, sync, flags)
+    graph.keep = keep
     return graph
 
 
@@ -142,12 +149,16 @@ def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def phase_cost_us(mode: str, G: int, phases: int, work_ns: int) -> float:
-    """Microseconds one more phase adds (see the module doc)."""
+def added_us(graph_of, phases: int) -> float:
+    """Microseconds one more phase adds: (replay of ``graph_of(phases)`` - replay of
+    ``graph_of(phases // 4)``) / the difference in phases (see the module doc)."""
     short = max(1, phases // 4)
-    long_us = replay_us(phases_graph(mode, G, phases, work_ns))
-    short_us = replay_us(phases_graph(mode, G, short, work_ns))
-    return (long_us - short_us) / (phases - short)
+    return (replay_us(graph_of(phases)) - replay_us(graph_of(short))) / (phases - short)
+
+
+def phase_cost_us(mode: str, G: int, phases: int, work_ns: int) -> float:
+    """Microseconds one more phase adds in ``mode``."""
+    return added_us(lambda p: phases_graph(mode, G, p, work_ns), phases)
 
 
 # --- a chain of matrix-vector products: what a persistent kernel could gain on real bytes ---
@@ -226,23 +237,12 @@ def matvec_graph(mode: str, H: int, G: int, phases: int, num_w: int) -> torch.cu
             _matvec_persistent_kernel[(G,)](w, xs, flags, phases, num_w, H=H, R=R, G=G,
                                             PRELOAD=preload, num_warps=8)
 
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    graph.keep = (w, xs, flags)
-    return graph
+    return captured(run, (w, xs, flags))
 
 
 def matvec_phase_us(mode: str, H: int, G: int, phases: int, num_w: int) -> float:
     """Microseconds one more product adds in ``mode``."""
-    short = max(1, phases // 4)
-    long_us = replay_us(matvec_graph(mode, H, G, phases, num_w))
-    short_us = replay_us(matvec_graph(mode, H, G, short, num_w))
-    return (long_us - short_us) / (phases - short)
+    return added_us(lambda p: matvec_graph(mode, H, G, p, num_w), phases)
 
 
 def check_matvec(H: int, G: int) -> float:
