@@ -3,6 +3,8 @@ against eager, greedy equality with speculation in bfloat16, hybrid models on th
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -626,18 +628,26 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
 
     def outputs(defer: bool):
-        gemv_triton.DEFER_SUM = defer
-        llm.engine.runner.capture_cuda_graphs()
-        return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
+        with _switched(llm, gemv_triton, "DEFER_SUM", defer):
+            return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
 
-    default = gemv_triton.DEFER_SUM
-    try:
-        deferred, summed = outputs(True), outputs(False)
-    finally:
-        gemv_triton.DEFER_SUM = default
-        llm.engine.runner.capture_cuda_graphs()
+    deferred, summed = outputs(True), outputs(False)
     assert torch.equal(deferred[0], summed[0])
     assert deferred[1] == summed[1]
+
+
+@contextlib.contextmanager
+def _switched(llm, module, attr: str, value):
+    """``module.attr = value`` with ``llm``'s CUDA graphs recaptured for it; on leaving, the old
+    value and graphs for it back."""
+    old = getattr(module, attr)
+    setattr(module, attr, value)
+    try:
+        llm.engine.runner.capture_cuda_graphs()
+        yield
+    finally:
+        setattr(module, attr, old)
+        llm.engine.runner.capture_cuda_graphs()
 
 
 def _variants(kernel) -> int:
@@ -748,17 +758,11 @@ def test_preloaded_product_tiles(tmp_path):
     assert not gemv_triton.tile_config(2048, 256, rows=2)["preload"]
 
     def outputs(on):
-        gemv_triton.PRELOAD = on
-        llm.engine.runner.capture_cuda_graphs()
-        return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
-                _greedy(llm, prompts, 24))
+        with _switched(llm, gemv_triton, "PRELOAD", on):
+            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
+                    _greedy(llm, prompts, 24))
 
-    default = gemv_triton.PRELOAD
-    try:
-        pipelined, preloaded = outputs(False), outputs(True)
-    finally:
-        gemv_triton.PRELOAD = default
-        llm.engine.runner.capture_cuda_graphs()
+    pipelined, preloaded = outputs(False), outputs(True)
     rel = ((preloaded[0] - pipelined[0]).norm() / pipelined[0].norm()).item()
     assert 0 < rel < 1e-2, rel   # 0 would mean the preloaded tiles never ran
     assert preloaded[1:] == pipelined[1:]
