@@ -20,6 +20,7 @@ import json
 
 import torch
 
+from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count
 from mtpserve.kernels.gemv_triton import gemv, tile_config
 
 # (N, K) of qkv, o, gate_up, down (and the lm_head) per model
@@ -69,8 +70,10 @@ def _too_split(k: int, block_k: int, split: int) -> bool:
     return split > 1 and k // split < block_k
 
 
-def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
-    """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight."""
+def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
+    """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight
+    (``streams``: also these (block_n, block_k, warps, programs per SM) of the streamed one-row
+    product, kernels/gemv_stream_triton.py, at one row)."""
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -97,7 +100,19 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS) -> dict:
         res["all"].append([bn, bk, warps, stages, kw["split_k"], *preload, round(t, 3)])
         if best is None or t < best[0]:
             best = (t, kw)
-    res["best_us"], res["best"] = best
+    if m == 1:
+        for bn, bk, warps, per_sm in streams:
+            if k % bk:
+                continue
+            kw = dict(block_n=bn, block_k=bk, num_warps=warps, programs=per_sm * sm_count(0))
+            out = gemv_stream(x, ws[0], **kw)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (kw, err)
+            t = graph_time(lambda i: gemv_stream(x, ws[i % copies], **kw))
+            res["all"].append(["stream", bn, bk, warps, per_sm, round(t, 3)])
+            if best is None or t < best[0]:
+                best = (t, dict(kw, stream=True))
+    res["best_us"], res["best"] = best or (float("nan"), None)
     return res
 
 
@@ -136,6 +151,9 @@ def main() -> None:
     ap.add_argument("--preload", nargs="+", default=[], metavar="BN,BK,WARPS,MODE",
                     help="also these preloaded tiles (gemv(preload=MODE), the reduction split "
                          "into tiles of BK)")
+    ap.add_argument("--stream", nargs="+", default=[], metavar="BN,BK,WARPS,PER_SM",
+                    help="also the streamed one-row product (gemv_stream) with these units, "
+                         "warps and programs per SM")
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
                     help="compile all configurations in this many processes first")
     ap.add_argument("--json")
@@ -149,7 +167,7 @@ def main() -> None:
         precompile([(m, n, k, c) for m, n, k in picked for c in grid], a.precompile)
     results = []
     for m, n, k in picked:
-        r = sweep(m, n, k, grid)
+        r = sweep(m, n, k, grid, [tuple(map(int, spec.split(","))) for spec in a.stream])
         results.append(r)
         if a.json:   # after each shape, so a run cut short keeps what it measured
             with open(a.json, "w") as f:

@@ -39,7 +39,8 @@
 #   ways, session 22's prefetch an L2 prefetch during attention and preload2 a sweep of
 #   preloaded tiles, since removed (BENCHMARKS.md has their commands); boundary (what one
 #   dependency between phases costs: benchmarks/gpu_boundary.py); preload (the preloaded
-#   products' GPU tests and the 1.7B / 135M steps with and without).
+#   products' GPU tests and the 1.7B / 135M steps with and without); stream (the streamed
+#   one-row product's GPU tests, its unit sweep, the 1.7B / 8B steps with it).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -82,6 +83,15 @@ hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP, FR-Spec) and 
   timeout 330 python3 -m pytest -q tests/test_gpu.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -8
   timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
+  ;;
+stream)   # session 23: the streamed one-row product and the one-row preloaded tile kept 16-bit
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 220 python3 benchmarks/gpu_gemv.py --rows 1 --shapes 1.7b 8b --grid none --preload 16,2048,8,1 \
+    --stream 16,2048,8,2 16,2048,8,1 8,2048,8,2 8,2048,8,3 16,1024,8,2 8,4096,8,1 8,4096,8,2 \
+    --json "$OUT/gemv.json" 2>&1 | tee "$OUT/gemv.log" | tail -60
+  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured \
+    mtpserve.kernels.gemv_triton:STREAM:True mtpserve.kernels.gemv_triton:PRELOAD_MAX_TILES:264 \
+    recaptured --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -14
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
   timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \

@@ -351,3 +351,84 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
     except ValueError as e:
         assert "interleaved" in str(e), e
     return {"swiglu_epilogues": epilogues, "logits": tuple(on.shape)}
+
+
+def check_stream(device: str) -> float:
+    """The streamed one-row product (kernels/gemv_stream_triton.py). CPU (float32): [40, 256]
+    in units of 16 x 64 over 3 programs, [100, 512] in units of 8 x 512 over 7, [33, 64] in
+    units of 16 x 32 over 1; CUDA (bfloat16): the 1.7B q/k/v, gate/up and down shapes and the 8B
+    q/k/v shape in gemv_triton's STREAM units over two programs per SM. Within 1e-5 (CPU) or
+    1e-2 (bfloat16 output) of a float32 reference, with and without bias; the same bits for any
+    number of programs and on repeat; the SwiGLU store equal to ``silu_and_mul(interleaved=True)``
+    of the plain one (even n); ``gemv`` with STREAM on dispatches to it exactly where ``stream_fits``;
+    more rows or chunks that do not divide K refused. Returns the worst relative error."""
+    import fused_kernel_check as f
+
+    cases = []   # the shapes checked through gemv's dispatch
+    with f.interpreter_rounding(device):
+        worst = max(_check_stream_shape(device, *case, cases) for case in _stream_cases(device))
+    assert len(cases) == len(_stream_cases(device)), cases
+    _check_stream_errors(device)
+    return worst
+
+
+def _stream_cases(device: str) -> list:
+    """(n, k, block_n, block_k, warps, programs) for :func:`check_stream`."""
+    from mtpserve.kernels import gemv_triton as gt
+    from mtpserve.kernels.gemv_stream_triton import sm_count
+
+    if device == "cpu":
+        return [(40, 256, 16, 64, 4, 3), (100, 512, 8, 512, 4, 7), (33, 64, 16, 32, 4, 1)]
+    g = gt.STREAM_PROGRAMS_PER_SM * sm_count(torch.cuda.current_device())
+    return [(n, k, gt.STREAM_BLOCK_N, min(gt.STREAM_BLOCK_K, k), gt.STREAM_WARPS, g)
+            for n, k in [(4096, 2048), (12288, 2048), (2048, 6144), (6144, 4096)]]
+
+
+def _check_stream_shape(device: str, n: int, k: int, bn: int, bk: int, warps: int,
+                        programs: int, cases: list) -> float:
+    from mtpserve.kernels import gemv_triton
+    from mtpserve.kernels.fused_triton import silu_and_mul
+    from mtpserve.kernels.gemv_stream_triton import gemv_stream
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype)
+    x = torch.randn(1, k, generator=g).to(device, dtype)
+    ref = x.float() @ w.float().t()
+    kw = dict(block_n=bn, block_k=bk, num_warps=warps)
+    out = gemv_stream(x, w, b, programs=programs, **kw)
+    worst = max(_rel(out, ref + b.float()), _rel(gemv_stream(x, w, programs=programs, **kw), ref))
+    assert worst < (1e-5 if dtype == torch.float32 else 1e-2), (n, k, worst)
+    for p in (programs, 1, 5):
+        assert torch.equal(out, gemv_stream(x, w, b, programs=p, **kw)), (n, k, p)
+    plain = gemv_stream(x, w, programs=programs, **kw)
+    assert n % 2 or torch.equal(gemv_stream(x, w, programs=programs, swiglu=True, **kw),
+                       silu_and_mul(plain, interleaved=True)), (n, k)
+    saved = {a: getattr(gemv_triton, a) for a in ("STREAM", "STREAM_BLOCK_N", "STREAM_BLOCK_K",
+                                                   "STREAM_WARPS", "PRELOAD")}
+    try:   # preloaded tiles off, so that these small shapes stream too
+        gemv_triton.STREAM, gemv_triton.STREAM_BLOCK_N, gemv_triton.PRELOAD = True, bn, False
+        gemv_triton.STREAM_BLOCK_K, gemv_triton.STREAM_WARPS = bk, warps
+        assert gemv_triton.stream_fits(1, n, k) and not gemv_triton.stream_fits(2, n, k)
+        assert torch.equal(gemv_triton.gemv(x, w), gemv_stream(x, w, **kw)), (n, k)
+        assert gemv_triton.gemv(x.expand(2, k), w).shape == (2, n)   # tiles, not streamed
+        cases.append((n, k))
+    finally:
+        for a, v in saved.items():
+            setattr(gemv_triton, a, v)
+    return worst
+
+
+def _check_stream_errors(device: str) -> None:
+    """More rows than one, or chunks that do not divide K, raise ValueError."""
+    from mtpserve.kernels.gemv_stream_triton import gemv_stream
+
+    w = torch.zeros(32, 96, device=device)
+    for x, kw in [(torch.zeros(2, 96, device=device), {}),
+                  (torch.zeros(1, 96, device=device), dict(block_k=64))]:
+        try:
+            gemv_stream(x, w, **kw)
+        except ValueError:
+            continue
+        raise AssertionError(f"gemv_stream took {tuple(x.shape)} {kw}")

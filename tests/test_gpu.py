@@ -766,3 +766,37 @@ def test_preloaded_product_tiles(tmp_path):
     rel = ((preloaded[0] - pipelined[0]).norm() / pipelined[0].norm()).item()
     assert 0 < rel < 1e-2, rel   # 0 would mean the preloaded tiles never ran
     assert preloaded[1:] == pipelined[1:]
+
+
+def test_streamed_one_row_products(tmp_path):
+    """gemv_triton.STREAM (one-row products of more than one wave streamed in one wave,
+    kernels/gemv_stream_triton.py): tests/gemv_check.py's check in bfloat16 at the 1.7B q/k/v,
+    gate/up and down and the 8B q/k/v shapes; then a tiny Qwen3 whose q/k/v and gate/up products
+    stream at one row: the logits of a one-token prefill within 1% of the tiled products' and the
+    same greedy tokens through CUDA graphs (one request: one-row steps; two: tiles)."""
+    import sys
+    sys.path.insert(0, "tests")
+    import gemv_check
+    from harness import logits_of_prompt, tiny_hf_model
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM
+    from mtpserve.kernels import gemv_triton
+
+    assert gemv_check.check_stream("cuda") < 1e-2
+    hf = tiny_hf_model("qwen3", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=2048)
+    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
+              gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
+
+    def outputs(on):
+        with _switched(llm, gemv_triton, "STREAM", on):
+            assert gemv_triton.stream_fits(1, 3072, 256) == on   # q/k/v; gate/up is 4096 x 256
+            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
+                    _greedy(llm, prompts, 24))
+
+    tiled, streamed = outputs(False), outputs(True)
+    rel = ((streamed[0] - tiled[0]).norm() / tiled[0].norm()).item()
+    assert 0 < rel < 1e-2, rel   # 0 would mean the streamed product never ran
+    assert streamed[1:] == tiled[1:]

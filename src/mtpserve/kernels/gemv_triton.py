@@ -51,6 +51,7 @@ import triton.language as tl
 
 from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
+from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
@@ -81,6 +82,15 @@ PRELOAD_MAX_ROWS = 1
 PRELOAD_MAX_K = 2048      # the tile's registers: 16 x 2048 bf16 at 8 warps, 174 registers
 PRELOAD_MAX_TILES = 132   # one wave of one program per SM on an H100 / H200
 PRELOAD_BLOCK_N = 16
+# on: one-row products that preloaded tiles do not cover (more than one wave; not the LM head, past
+# STREAM_MAX_N rows) go to kernels/gemv_stream_triton.py, one wave of STREAM_PROGRAMS_PER_SM
+# programs per SM streaming units of STREAM_BLOCK_N x STREAM_BLOCK_K (under measurement)
+STREAM = False
+STREAM_BLOCK_N = 16
+STREAM_BLOCK_K = 2048
+STREAM_WARPS = 8
+STREAM_PROGRAMS_PER_SM = 2
+STREAM_MAX_N = 65535
 
 
 @dataclass
@@ -141,6 +151,14 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
     return _pipelined_tile(n, k)
 
 
+def stream_fits(rows: int, n: int, k: int) -> bool:
+    """Whether ``STREAM`` sends ``rows`` rows by an [n, k] weight to the streamed one-row
+    product: one row, not preloaded, at most STREAM_MAX_N outputs, chunks that divide K."""
+    block_k = min(STREAM_BLOCK_K, k)
+    return (STREAM and rows == 1 and n <= STREAM_MAX_N and k % block_k == 0
+            and block_k & (block_k - 1) == 0 and not tile_config(n, k, rows)["preload"])
+
+
 @functools.cache
 def _pipelined_tile(n: int, k: int) -> dict:
     """:func:`tile_config` for the pipelined loop."""
@@ -182,7 +200,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PRELOAD: tl.constexpr, PDL: tl.constexpr):
+                 PRELOAD: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -191,7 +209,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     k_start = pid_k * K_SPLIT
     if PRELOAD:
         acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
-                              BLOCK_N, ROWS, PDL)
+                              BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
         pdl_wait(PDL)
         acc = _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
@@ -234,7 +252,8 @@ def _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
 
 @triton.jit
 def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_ROW: tl.constexpr,
+                    LATE: tl.constexpr, PDL: tl.constexpr):
     """The same tile with the weight loaded whole before the PDL wait (module doc), then each
     of the M rows of x multiplied and summed in float32: no padding rows, and a row's bits do
     not depend on the rows beside it."""
@@ -244,10 +263,15 @@ def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT: t
                 mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_wait(PDL)
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    wf = w.to(tl.float32)
-    for i in range(M):
-        xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
-        acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
+    if ONE_ROW:   # the tile stays 16-bit until it is multiplied: two programs fit an SM
+        x0 = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        row = tl.sum(to_f32(w, LATE) * x0[None, :], axis=1)
+        acc = tl.where(m[:, None] == 0, row[None, :], acc)
+    else:
+        wf = w.to(tl.float32)
+        for i in range(M):
+            xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
+            acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
     return acc
 
 
@@ -299,6 +323,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """
     M = x.shape[0]
     N, K = weight.shape
+    if block_n is None and stream_fits(M, N, K):
+        _check(x, weight)
+        programs = STREAM_PROGRAMS_PER_SM * sm_count(x.device.index or 0) if x.is_cuda else None
+        return gemv_stream(x, weight, bias, STREAM_BLOCK_N, min(STREAM_BLOCK_K, K), STREAM_WARPS,
+                           programs, swiglu=swiglu)
     if block_n is None:
         cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
@@ -330,7 +359,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, PRELOAD=bool(preload), **pdl.launch(x))
+        DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
+        LATE=x.is_cuda and weight.dtype == torch.bfloat16, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 

@@ -1,0 +1,151 @@
+"""Streamed one-row products on CUDA (Triton): ``y = x W^T`` for one row of ``x`` in one wave.
+
+A batch-1 decode step is a chain of products, each waiting (PDL, kernels/pdl.py) for the kernel
+before it. The weight never depends on that kernel, so a program can load weight bytes before
+its wait; kernels/gemv_triton.py's preloaded tiles do so where a product's tiles of 16 rows fit
+in one wave of registers (the 1.7B o product: 5.66 -> 3.62 us in a chain, BENCHMARKS.md session
+22), and a product of several waves gains nothing from it: only the first wave's programs are
+resident early, and the later waves start cold.
+
+Here a product of any size is one wave of ``G`` programs (a few per SM). The weight's rows are cut
+into blocks of ``BLOCK_N`` rows, each block into chunks of ``BLOCK_K`` inputs (a *unit*); program
+``p`` owns the row blocks ``p, p + G, p + 2G, ...`` and goes through their units in order, with
+one unit in registers being multiplied while the next one loads (a register double buffer). The
+first unit is loaded before the PDL wait. Each unit is kept 16-bit in registers until it is
+multiplied (``late_f32``), so two units fit. Float32 multiply and sum over each row of the unit,
+the units' sums added in order of the reduction; one rounding to the output dtype. The bits
+differ from the tiled kernel's (another order of the sum), and a row's bits do not depend on G.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from mtpserve.kernels import pdl
+from mtpserve.kernels.pdl import pdl_wait
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index``."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@triton.jit
+def late_f32(w):
+    """16-bit bfloat16 ``w`` -> float32, as an asm statement with side effects: the compiler
+    neither converts before the PDL wait nor ahead of use, so a unit waits in registers at half
+    the size (checked on the PTX for sm_90: 100 instead of 172 registers for a 16 x 2048 tile at
+    8 warps). Widening bfloat16 is exact: its bits are float32's upper half."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; mov.b32 $0, {0, lo}; mov.b32 $1, {0, hi}; }",
+        "=r,=r,r", [w], dtype=tl.float32, is_pure=False, pack=2)
+
+
+@triton.jit
+def to_f32(w, LATE: tl.constexpr):
+    """``w`` as float32: through :func:`late_f32` when LATE (CUDA, bfloat16), else a cast (the
+    CPU interpreter runs no asm)."""
+    if LATE:
+        return late_f32(w)
+    else:
+        return w.to(tl.float32)
+
+
+@triton.jit
+def _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """Unit ``u`` of program ``pid``: rows of block ``pid + (u // CHUNKS) * G``, inputs of chunk
+    ``u % CHUNKS``; [BLOCK_N, BLOCK_K] in the weight's dtype (rows past N read as zero)."""
+    rows = (pid + (u // CHUNKS) * G) * BLOCK_N + r
+    cols = (u % CHUNKS) * BLOCK_K + c
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * sw + cols[None, :],
+                   mask=(rows < N)[:, None], other=0.0)
+
+
+@triton.jit
+def _unit_dot(w, x_ptr, u, c, CHUNKS: tl.constexpr, BLOCK_K: tl.constexpr, LATE: tl.constexpr):
+    """[BLOCK_N] float32: unit ``w`` times its chunk of x."""
+    x = tl.load(x_ptr + (u % CHUNKS) * BLOCK_K + c).to(tl.float32)
+    return tl.sum(to_f32(w, LATE) * x[None, :], axis=1)
+
+
+@triton.jit
+def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, sw, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+                   LATE: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    CHUNKS: tl.constexpr = K // BLOCK_K
+    units = ((tl.cdiv(N, BLOCK_N) - 1 - pid) // G + 1) * CHUNKS
+    r = tl.arange(0, BLOCK_N)
+    c = tl.arange(0, BLOCK_K)
+    w = _load_unit(w_ptr, sw, N, 0, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
+    pdl_wait(PDL)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for u in range(1, units):
+        w_next = _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
+        acc += _unit_dot(w, x_ptr, u - 1, c, CHUNKS, BLOCK_K, LATE)
+        if u % CHUNKS == 0:   # unit u - 1 ended its row block
+            _store_rows(acc, b_ptr, y_ptr, N, pid + (u // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
+                        SWIGLU)
+            acc = tl.zeros([BLOCK_N], tl.float32)
+        w = w_next
+    acc += _unit_dot(w, x_ptr, units - 1, c, CHUNKS, BLOCK_K, LATE)
+    _store_rows(acc, b_ptr, y_ptr, N, pid + (units // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
+                SWIGLU)
+
+
+@triton.jit
+def _store_rows(acc, b_ptr, y_ptr, N, block, r, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                SWIGLU: tl.constexpr):
+    """Row block ``block``'s outputs: ``acc`` [BLOCK_N] float32 (+ bias), rounded to y's dtype;
+    with SWIGLU, ``silu(g) * u`` of its interleaved (gate, up) pairs into y [N / 2], computed as
+    gemv_triton's SwiGLU epilogue does (the same bits for the same products)."""
+    rows = block * BLOCK_N + r
+    mask = rows < N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        h = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        g, u = tl.split(tl.reshape(h, (BLOCK_N // 2, 2)))
+        j = block * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(y_ptr + j, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty),
+                 mask=j < N // 2)
+    else:
+        tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def gemv_stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                block_n: int = 16, block_k: int = 2048, num_warps: int = 8,
+                programs: int | None = None, swiglu: bool = False) -> torch.Tensor:
+    """``x [1, K] @ weight[N, K]^T (+ bias [N])`` -> [1, N] in x's dtype, streamed in one wave
+    (module doc). ``block_n`` x ``block_k`` is a unit (``block_k`` a power of two dividing K);
+    ``programs``: the grid (default two per SM, at most one per row block). ``swiglu``: the
+    weight's rows are interleaved (gate j, up j) and the result is ``silu(g) * u`` [1, N / 2]
+    (gemv_triton's SwiGLU epilogue). Raises ``ValueError`` for more than one row, an x of
+    another width, a weight not contiguous along K, a ``block_k`` that does not divide K, or
+    ``swiglu`` with a bias or an odd N."""
+    N, K = weight.shape
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != K:
+        raise ValueError(f"gemv_stream takes one row of {K} inputs, got {tuple(x.shape)}")
+    if weight.stride(-1) != 1 or K % block_k:
+        raise ValueError(f"gemv_stream needs a weight contiguous along K and chunks of {block_k} "
+                         f"that divide K = {K}")
+    if swiglu and (bias is not None or N % 2):
+        raise ValueError(f"gemv_stream: SwiGLU takes an even number of rows without bias (N {N})")
+    x = x.contiguous()
+    blocks = triton.cdiv(N, block_n)
+    if programs is None:
+        programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
+    y = torch.empty(1, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
+    _stream_kernel[(min(programs, blocks),)](
+        x, weight, bias if bias is not None else weight, y, N, weight.stride(0), K=K,
+        BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+        LATE=x.is_cuda and weight.dtype == torch.bfloat16, num_warps=num_warps,
+        **pdl.launch(x))
+    return y
