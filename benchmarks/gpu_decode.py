@@ -181,6 +181,7 @@ def named_switches() -> dict:
                 "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_preload": (gemv_triton, "PRELOAD", False),
+                "no_stream": (gemv_triton, "STREAM", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
 
 
@@ -246,7 +247,8 @@ def main() -> None:
                     metavar="SWITCH",
                     help="cublas, no_pdl, no_self_merge, no_deferred_sum, deferred_sum, "
                          "always_self_merge, no_swiglu_epilogue, no_preload (the pipelined "
-                         "product for every weight), recaptured, or "
+                         "product for every weight), no_stream (one-row products in tiles, "
+                         "not streamed), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured): "
                          "also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "

@@ -357,7 +357,7 @@ def check_stream(device: str) -> float:
     """The streamed one-row product (kernels/gemv_stream_triton.py). CPU (float32): [40, 256]
     in units of 16 x 64 over 3 programs, [100, 512] in units of 8 x 512 over 7, [33, 64] in
     units of 16 x 32 over 1; CUDA (bfloat16): the 1.7B q/k/v, gate/up and down shapes and the 8B
-    q/k/v shape in gemv_triton's STREAM units over two programs per SM. Within 1e-5 (CPU) or
+    q/k/v shape in gemv_triton's STREAM_UNITS. Within 1e-5 (CPU) or
     1e-2 (bfloat16 output) of a float32 reference, with and without bias; the same bits for any
     number of programs and on repeat; the SwiGLU store equal to ``silu_and_mul(interleaved=True)``
     of the plain one (even n); ``gemv`` with STREAM on dispatches to it exactly where ``stream_fits``;
@@ -379,9 +379,11 @@ def _stream_cases(device: str) -> list:
 
     if device == "cpu":
         return [(40, 256, 16, 64, 4, 3), (100, 512, 8, 512, 4, 7), (33, 64, 16, 32, 4, 1)]
-    g = gt.STREAM_PROGRAMS_PER_SM * sm_count(torch.cuda.current_device())
-    return [(n, k, gt.STREAM_BLOCK_N, min(gt.STREAM_BLOCK_K, k), gt.STREAM_WARPS, g)
-            for n, k in [(4096, 2048), (12288, 2048), (2048, 6144), (6144, 4096)]]
+    cases = []
+    for n, k in [(4096, 2048), (12288, 2048), (2048, 6144), (6144, 4096)]:
+        unit = next(u for u in gt.STREAM_UNITS if k % u[0] == 0)
+        cases.append((n, k, unit[1], unit[0], unit[2], unit[3] * sm_count(0)))
+    return cases
 
 
 def _check_stream_shape(device: str, n: int, k: int, bn: int, bk: int, warps: int,
@@ -405,11 +407,10 @@ def _check_stream_shape(device: str, n: int, k: int, bn: int, bk: int, warps: in
     plain = gemv_stream(x, w, programs=programs, **kw)
     assert n % 2 or torch.equal(gemv_stream(x, w, programs=programs, swiglu=True, **kw),
                        silu_and_mul(plain, interleaved=True)), (n, k)
-    saved = {a: getattr(gemv_triton, a) for a in ("STREAM", "STREAM_BLOCK_N", "STREAM_BLOCK_K",
-                                                   "STREAM_WARPS", "PRELOAD")}
+    saved = {a: getattr(gemv_triton, a) for a in ("STREAM", "STREAM_UNITS", "PRELOAD")}
     try:   # preloaded tiles off, so that these small shapes stream too
-        gemv_triton.STREAM, gemv_triton.STREAM_BLOCK_N, gemv_triton.PRELOAD = True, bn, False
-        gemv_triton.STREAM_BLOCK_K, gemv_triton.STREAM_WARPS = bk, warps
+        gemv_triton.STREAM, gemv_triton.PRELOAD = True, False
+        gemv_triton.STREAM_UNITS = ((bk, bn, warps, 1),)
         assert gemv_triton.stream_fits(1, n, k) and not gemv_triton.stream_fits(2, n, k)
         assert torch.equal(gemv_triton.gemv(x, w), gemv_stream(x, w, **kw)), (n, k)
         assert gemv_triton.gemv(x.expand(2, k), w).shape == (2, n)   # tiles, not streamed

@@ -444,18 +444,22 @@ def test_gated_delta_rule_kernels_match_reference():
                                   (151936, 2048), (1, 2048), (513, 100)])
 def test_gemv_matches_cublas_and_is_row_invariant(n, k):
     """The skinny Triton product against a float32 reference, with bias and float32 output; a
-    row gives the same bits whatever the number of rows beside it (decode vs verify)."""
-    from mtpserve.kernels.gemv_triton import MAX_ROWS, gemv
+    row gives the same bits whatever the number of rows beside it from two rows up (verify), and
+    at one row (decode) too where one row takes the same tiles (neither preloaded nor streamed:
+    kernels/gemv_triton.py's module doc)."""
+    from mtpserve.kernels.gemv_triton import MAX_ROWS, gemv, stream_fits, tile_config
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
     b = torch.randn(n, device="cuda", generator=g).bfloat16()
     x = torch.randn(MAX_ROWS, k, device="cuda", generator=g).bfloat16()
     ref = x.float() @ w.float().t() + b.float()
-    for m in (1, 4, MAX_ROWS):
-        out = gemv(x[:m], w, b, out_dtype=torch.float32)
+    outs = {m: gemv(x[:m], w, b, out_dtype=torch.float32) for m in (1, 2, 4, MAX_ROWS)}
+    for m, out in outs.items():
         assert ((out - ref[:m]).norm() / ref[:m].norm()).item() < 1e-5
-        assert torch.equal(out[0], gemv(x[:1], w, b, out_dtype=torch.float32)[0])
+        assert torch.equal(out[0], outs[2][0]) or m == 1
+    one_row_tiles = not (tile_config(n, k, 1)["preload"] or stream_fits(1, n, k))
+    assert torch.equal(outs[1][0], outs[2][0]) or not one_row_tiles
     y = gemv(x[:3], w, b)
     assert y.dtype == torch.bfloat16
     assert ((y.float() - ref[:3]).norm() / ref[:3].norm()).item() < 1e-2
@@ -768,12 +772,13 @@ def test_preloaded_product_tiles(tmp_path):
     assert preloaded[1:] == pipelined[1:]
 
 
-def test_streamed_one_row_products(tmp_path):
+def test_streamed_one_row_products(tmp_path, monkeypatch):
     """gemv_triton.STREAM (one-row products of more than one wave streamed in one wave,
     kernels/gemv_stream_triton.py): tests/gemv_check.py's check in bfloat16 at the 1.7B q/k/v,
-    gate/up and down and the 8B q/k/v shapes; then a tiny Qwen3 whose q/k/v and gate/up products
-    stream at one row: the logits of a one-token prefill within 1% of the tiled products' and the
-    same greedy tokens through CUDA graphs (one request: one-row steps; two: tiles)."""
+    gate/up and down and the 8B q/k/v shapes; then a tiny Qwen3 with preloaded tiles off, whose
+    o and down products (K = 2048) then stream at one row: the logits of a one-token prefill
+    within 1% of the tiled products', streamed products counted, and the same greedy tokens
+    through CUDA graphs (one request: one-row steps; two: tiles)."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -789,14 +794,21 @@ def test_streamed_one_row_products(tmp_path):
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
               gpu_memory_utilization=0.3, enable_prefix_caching=False)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
+    calls = []
+    streamed_product = gemv_triton.gemv_stream
+    monkeypatch.setattr(gemv_triton, "gemv_stream",
+                        lambda *a, **kw: calls.append(a[1].shape) or streamed_product(*a, **kw))
 
     def outputs(on):
-        with _switched(llm, gemv_triton, "STREAM", on):
-            assert gemv_triton.stream_fits(1, 3072, 256) == on   # q/k/v; gate/up is 4096 x 256
-            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
-                    _greedy(llm, prompts, 24))
+        with _switched(llm, gemv_triton, "PRELOAD", False), \
+                _switched(llm, gemv_triton, "STREAM", on):
+            assert gemv_triton.stream_fits(1, 256, 2048) == on   # the o and down products
+            del calls[:]
+            logits = logits_of_prompt(llm.engine, [5])
+            assert len(calls) == (2 * hf.config.num_hidden_layers if on else 0), calls
+            return logits, _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24)
 
     tiled, streamed = outputs(False), outputs(True)
     rel = ((streamed[0] - tiled[0]).norm() / tiled[0].norm()).item()
-    assert 0 < rel < 1e-2, rel   # 0 would mean the streamed product never ran
+    assert rel < 1e-2, rel
     assert streamed[1:] == tiled[1:]

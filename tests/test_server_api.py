@@ -252,6 +252,7 @@ def _collect_stream(chunks):
 
 def test_chat_stream_joins_to_non_stream(client):
     kw = dict(model=MODEL, messages=HELLO, max_tokens=6, temperature=0, n=2)
+    client.chat.completions.create(**kw)   # the prompt in the prefix cache for both alike
     full = client.chat.completions.create(**kw)
     texts, reasons, usage = _collect_stream(client.chat.completions.create(
         stream=True, stream_options={"include_usage": True}, **kw))

@@ -122,9 +122,10 @@ def _store_rows(acc, b_ptr, y_ptr, N, block, r, BLOCK_N: tl.constexpr, HAS_BIAS:
 
 def gemv_stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 block_n: int = 16, block_k: int = 2048, num_warps: int = 8,
-                programs: int | None = None, swiglu: bool = False) -> torch.Tensor:
-    """``x [1, K] @ weight[N, K]^T (+ bias [N])`` -> [1, N] in x's dtype, streamed in one wave
-    (module doc). ``block_n`` x ``block_k`` is a unit (``block_k`` a power of two dividing K);
+                programs: int | None = None, swiglu: bool = False,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x [1, K] @ weight[N, K]^T (+ bias [N])`` -> [1, N] in ``out_dtype`` (default x's),
+    streamed in one wave (module doc). ``block_n`` x ``block_k`` is a unit (``block_k`` a power of two dividing K);
     ``programs``: the grid (default two per SM, at most one per row block). ``swiglu``: the
     weight's rows are interleaved (gate j, up j) and the result is ``silu(g) * u`` [1, N / 2]
     (gemv_triton's SwiGLU epilogue). Raises ``ValueError`` for more than one row, an x of
@@ -142,7 +143,7 @@ def gemv_stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
-    y = torch.empty(1, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
+    y = torch.empty(1, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
     _stream_kernel[(min(programs, blocks),)](
         x, weight, bias if bias is not None else weight, y, N, weight.stride(0), K=K,
         BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,

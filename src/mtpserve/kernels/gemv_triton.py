@@ -83,13 +83,12 @@ PRELOAD_MAX_K = 2048      # the tile's registers: 16 x 2048 bf16 at 8 warps, 174
 PRELOAD_MAX_TILES = 132   # one wave of one program per SM on an H100 / H200
 PRELOAD_BLOCK_N = 16
 # on: one-row products that preloaded tiles do not cover (more than one wave; not the LM head, past
-# STREAM_MAX_N rows) go to kernels/gemv_stream_triton.py, one wave of STREAM_PROGRAMS_PER_SM
-# programs per SM streaming units of STREAM_BLOCK_N x STREAM_BLOCK_K (under measurement)
-STREAM = False
-STREAM_BLOCK_N = 16
-STREAM_BLOCK_K = 2048
-STREAM_WARPS = 8
-STREAM_PROGRAMS_PER_SM = 2
+# STREAM_MAX_N rows) go to kernels/gemv_stream_triton.py: one wave of programs streaming units of
+# block_n x block_k, from STREAM_UNITS (block_k, block_n, warps, programs per SM), the first whose
+# block_k divides K. Each fills the register file (two 64 KB or three 32 KB units in flight per
+# SM); the best of a sweep per weight (benchmarks/gpu_gemv.py --stream; BENCHMARKS.md, session 23)
+STREAM = True
+STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
 
 
@@ -151,12 +150,22 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
     return _pipelined_tile(n, k)
 
 
+def stream_config(rows: int, n: int, k: int) -> dict | None:
+    """The streamed one-row product's units for ``rows`` rows by an [n, k] weight, as
+    :func:`gemv_stream_triton.gemv_stream` keywords less ``programs`` plus ``per_sm``, or None
+    where it does not apply: STREAM off, more than one row, a preloaded tile, more than
+    STREAM_MAX_N outputs, or no unit of STREAM_UNITS whose block_k divides K."""
+    if not STREAM or rows != 1 or n > STREAM_MAX_N or tile_config(n, k, rows)["preload"]:
+        return None
+    for block_k, block_n, warps, per_sm in STREAM_UNITS:
+        if k % block_k == 0:
+            return dict(block_n=block_n, block_k=block_k, num_warps=warps, per_sm=per_sm)
+    return None
+
+
 def stream_fits(rows: int, n: int, k: int) -> bool:
-    """Whether ``STREAM`` sends ``rows`` rows by an [n, k] weight to the streamed one-row
-    product: one row, not preloaded, at most STREAM_MAX_N outputs, chunks that divide K."""
-    block_k = min(STREAM_BLOCK_K, k)
-    return (STREAM and rows == 1 and n <= STREAM_MAX_N and k % block_k == 0
-            and block_k & (block_k - 1) == 0 and not tile_config(n, k, rows)["preload"])
+    """Whether ``gemv`` streams ``rows`` rows by an [n, k] weight (:func:`stream_config`)."""
+    return stream_config(rows, n, k) is not None
 
 
 @functools.cache
@@ -323,11 +332,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """
     M = x.shape[0]
     N, K = weight.shape
-    if block_n is None and stream_fits(M, N, K):
+    stream = stream_config(M, N, K) if block_n is None else None
+    if stream:
         _check(x, weight)
-        programs = STREAM_PROGRAMS_PER_SM * sm_count(x.device.index or 0) if x.is_cuda else None
-        return gemv_stream(x, weight, bias, STREAM_BLOCK_N, min(STREAM_BLOCK_K, K), STREAM_WARPS,
-                           programs, swiglu=swiglu)
+        per_sm = stream.pop("per_sm")
+        programs = per_sm * sm_count(x.device.index or 0) if x.is_cuda else None
+        return gemv_stream(x, weight, bias, programs=programs, swiglu=swiglu, out_dtype=out_dtype,
+                           **stream)
     if block_n is None:
         cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
