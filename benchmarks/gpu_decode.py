@@ -182,6 +182,7 @@ def named_switches() -> dict:
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_preload": (gemv_triton, "PRELOAD", False),
                 "no_stream": (gemv_triton, "STREAM", False),
+                "no_fused_inputs": (gemv_triton, "FUSED_INPUTS", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
 
 
@@ -248,7 +249,8 @@ def main() -> None:
                     help="cublas, no_pdl, no_self_merge, no_deferred_sum, deferred_sum, "
                          "always_self_merge, no_swiglu_epilogue, no_preload (the pipelined "
                          "product for every weight), no_stream (one-row products in tiles, "
-                         "not streamed), recaptured, or "
+                         "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
+                         "kernels at one row), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured): "
                          "also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "

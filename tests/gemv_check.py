@@ -433,3 +433,52 @@ def _check_stream_errors(device: str) -> None:
         except ValueError:
             continue
         raise AssertionError(f"gemv_stream took {tuple(x.shape)} {kw}")
+
+
+def check_stream_fused_inputs(device: str) -> int:
+    """The streamed product with its input fused in front (``gemv_stream(silu_input=True)``,
+    ``NormInput``). CPU (float32): [40, 256] in units of 16 x 64 and [100, 512] in one chunk;
+    CUDA (bfloat16): the 1.7B down (SiLU) and q/k/v (norm) shapes and the 8B gate/up shape
+    (norm) in gemv_triton's units through ``gemv_fused_input``. SiLU-and-mul: the same bits as
+    ``silu_and_mul`` then the product; residual add + RMSNorm: within 1e-5 (float32) or 1e-2
+    (bfloat16) of ``add_rms_norm`` then the product, the new residual bit-equal to
+    add_rms_norm's. Returns the number of cases."""
+    import fused_kernel_check as f
+
+    from mtpserve.kernels import gemv_triton
+    from mtpserve.kernels.fused_triton import add_rms_norm, silu_and_mul
+    from mtpserve.kernels.gemv_stream_triton import NormInput, gemv_stream
+
+    cpu = device == "cpu"
+    cases = ([(40, 256, dict(block_n=16, block_k=64, programs=3)),
+              (100, 512, dict(block_n=8, block_k=512, programs=7))] if cpu else
+             [(2048, 6144, None), (4096, 2048, None), (24576, 4096, None)])
+    dtype = torch.float32 if cpu else torch.bfloat16
+    done = 0
+    with f.interpreter_rounding(device):
+        for n, k, kw in cases:
+            g = torch.Generator().manual_seed(n - k)
+            w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
+            gu = torch.randn(1, 2 * k, generator=g).to(device, dtype)
+            x, res = (torch.randn(1, k, generator=g).to(device, dtype) for _ in range(2))
+            nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
+
+            def product(inp, **more):   # a NormInput takes all K in one chunk
+                if kw is not None:
+                    one = dict(kw, block_k=k) if isinstance(inp, NormInput) else kw
+                    return gemv_stream(inp, w, **one, **more)
+                return gemv_triton.gemv_fused_input(inp, w, **more)
+
+            if cpu or gemv_triton.fused_input_fits(gu, w, norm=False):
+                want = gemv_stream(silu_and_mul(gu), w, **(kw or {}))
+                assert torch.equal(product(gu, silu_input=True), want), (n, k)
+                done += 1
+            if cpu or gemv_triton.fused_input_fits(x, w, norm=True):
+                ro = torch.empty_like(x)
+                got = product(NormInput(x, res, nw, 1e-6, ro))
+                h, s = add_rms_norm(x, res, nw, 1e-6, False)
+                want = gemv_stream(h, w, **(kw or {}))
+                assert torch.equal(ro, s), (n, k)
+                assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
+                done += 1
+    return done

@@ -20,6 +20,7 @@ differ from the tiled kernel's (another order of the sum), and a row's bits do n
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -68,15 +69,43 @@ def _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _unit_dot(w, x_ptr, u, c, CHUNKS: tl.constexpr, BLOCK_K: tl.constexpr, LATE: tl.constexpr):
-    """[BLOCK_N] float32: unit ``w`` times its chunk of x."""
-    x = tl.load(x_ptr + (u % CHUNKS) * BLOCK_K + c).to(tl.float32)
+def _unit_dot(w, x, LATE: tl.constexpr):
+    """[BLOCK_N] float32: unit ``w`` [BLOCK_N, BLOCK_K] times ``x`` [BLOCK_K] float32."""
     return tl.sum(to_f32(w, LATE) * x[None, :], axis=1)
 
 
 @triton.jit
-def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, sw, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+def _x_chunk(x_ptr, chunk, c, K: tl.constexpr, BLOCK_K: tl.constexpr, SILU: tl.constexpr):
+    """Chunk ``chunk`` of the product's input as float32 [BLOCK_K]: x itself, or with SILU
+    ``silu(g) * u`` of x = [gate | up] (2K wide), rounded to x's dtype as
+    ``fused_triton.silu_and_mul`` stores it (so the same bits as that kernel then the product)."""
+    cols = chunk * BLOCK_K + c
+    if SILU:
+        g = tl.load(x_ptr + cols).to(tl.float32)
+        u = tl.load(x_ptr + K + cols).to(tl.float32)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        return tl.load(x_ptr + cols).to(tl.float32)
+
+
+@triton.jit
+def _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K: tl.constexpr):
+    """The residual add + RMSNorm in front of the product (``fused_triton.add_rms_norm``'s
+    arithmetic): ``s = r + x`` rounded to x's dtype, stored to ``ro`` by program 0 (the new
+    residual), and ``s / sqrt(mean(s^2) + eps) * w`` rounded to x's dtype, as float32 [K]."""
+    dt = x_ptr.dtype.element_ty
+    s = (tl.load(r_ptr + c).to(tl.float32) + tl.load(x_ptr + c).to(tl.float32)).to(dt)
+    if tl.program_id(0) == 0:
+        tl.store(ro_ptr + c, s)
+    s = s.to(tl.float32)
+    scale = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+    return (s * scale * tl.load(nw_ptr + c).to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, sw,
+                   K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PROLOGUE: tl.constexpr,
                    LATE: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -86,16 +115,22 @@ def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, sw, K: tl.constexpr, BLOCK_N: 
     c = tl.arange(0, BLOCK_K)
     w = _load_unit(w_ptr, sw, N, 0, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)
+    if PROLOGUE == 2:   # the whole input normed once (BLOCK_K == K)
+        x = _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K)
+    else:
+        x = _x_chunk(x_ptr, 0, c, K, BLOCK_K, PROLOGUE == 1)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for u in range(1, units):
         w_next = _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
-        acc += _unit_dot(w, x_ptr, u - 1, c, CHUNKS, BLOCK_K, LATE)
+        acc += _unit_dot(w, x, LATE)
+        if CHUNKS > 1:
+            x = _x_chunk(x_ptr, u % CHUNKS, c, K, BLOCK_K, PROLOGUE == 1)
         if u % CHUNKS == 0:   # unit u - 1 ended its row block
             _store_rows(acc, b_ptr, y_ptr, N, pid + (u // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
                         SWIGLU)
             acc = tl.zeros([BLOCK_N], tl.float32)
         w = w_next
-    acc += _unit_dot(w, x_ptr, units - 1, c, CHUNKS, BLOCK_K, LATE)
+    acc += _unit_dot(w, x, LATE)
     _store_rows(acc, b_ptr, y_ptr, N, pid + (units // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
                 SWIGLU)
 
@@ -120,33 +155,68 @@ def _store_rows(acc, b_ptr, y_ptr, N, block, r, BLOCK_N: tl.constexpr, HAS_BIAS:
         tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def gemv_stream(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                block_n: int = 16, block_k: int = 2048, num_warps: int = 8,
-                programs: int | None = None, swiglu: bool = False,
-                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+@dataclass
+class NormInput:
+    """The product's input as a residual add + RMSNorm still to be done (the pre-norm decoder's
+    ``add_rms_norm(x, residual)`` in front of a product, fused into its programs): ``x`` and
+    ``residual`` [1, K] of one dtype, the norm ``weight`` [K] (``w``, not ``w - 1``), ``eps``.
+    The product stores ``residual + x`` (rounded to x's dtype) to ``residual_out`` [1, K]."""
+    x: torch.Tensor
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    residual_out: torch.Tensor
+
+
+def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
+                bias: torch.Tensor | None = None, block_n: int = 16, block_k: int = 2048,
+                num_warps: int = 8, programs: int | None = None, swiglu: bool = False,
+                out_dtype: torch.dtype | None = None, silu_input: bool = False,
+                maxnreg: int | None = None) -> torch.Tensor:
     """``x [1, K] @ weight[N, K]^T (+ bias [N])`` -> [1, N] in ``out_dtype`` (default x's),
-    streamed in one wave (module doc). ``block_n`` x ``block_k`` is a unit (``block_k`` a power of two dividing K);
-    ``programs``: the grid (default two per SM, at most one per row block). ``swiglu``: the
-    weight's rows are interleaved (gate j, up j) and the result is ``silu(g) * u`` [1, N / 2]
-    (gemv_triton's SwiGLU epilogue). Raises ``ValueError`` for more than one row, an x of
-    another width, a weight not contiguous along K, a ``block_k`` that does not divide K, or
-    ``swiglu`` with a bias or an odd N."""
+    streamed in one wave (module doc). ``block_n`` x ``block_k`` is a unit (``block_k`` a power
+    of two dividing K); ``programs``: the grid (default two per SM, at most one per row block).
+    ``swiglu``: the weight's rows are interleaved (gate j, up j) and the result is
+    ``silu(g) * u`` [1, N / 2] (gemv_triton's SwiGLU epilogue). ``maxnreg``: registers a
+    thread may use (CUDA), so that the programs meant to share an SM fit.
+
+    Fused in front: ``silu_input``: ``x`` is [1, 2K] = [gate | up] and the product takes
+    ``silu(gate) * up`` (the same bits as ``fused_triton.silu_and_mul`` then the product); a
+    :class:`NormInput` (needs ``block_k == K``): the product takes the normed residual sum and
+    writes the new residual (close to, not always bit-equal with, ``add_rms_norm`` then the
+    product: its sum of squares is reduced in another order).
+
+    Raises ``ValueError`` for more than one row, an x of another width, a weight not contiguous
+    along K, a ``block_k`` that does not divide K, ``swiglu`` with a bias or an odd N, or a
+    NormInput over chunks shorter than K or of mismatched shapes."""
     N, K = weight.shape
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != K:
-        raise ValueError(f"gemv_stream takes one row of {K} inputs, got {tuple(x.shape)}")
+    norm = x if isinstance(x, NormInput) else None
+    x = norm.x if norm else x
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != (2 * K if silu_input else K):
+        raise ValueError(f"gemv_stream takes one row of {K} inputs"
+                         f"{' (x 2) for silu_input' if silu_input else ''}, got {tuple(x.shape)}")
     if weight.stride(-1) != 1 or K % block_k:
         raise ValueError(f"gemv_stream needs a weight contiguous along K and chunks of {block_k} "
                          f"that divide K = {K}")
     if swiglu and (bias is not None or N % 2):
         raise ValueError(f"gemv_stream: SwiGLU takes an even number of rows without bias (N {N})")
+    if norm and (block_k != K or silu_input or norm.residual.shape != x.shape
+                 or norm.residual_out.shape != x.shape or norm.weight.shape != (K,)):
+        raise ValueError(f"gemv_stream: a NormInput needs one chunk of all K = {K} inputs "
+                         f"(block_k {block_k}) and residuals [1, K]")
     x = x.contiguous()
     blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
     y = torch.empty(1, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
+    if norm and not norm.residual_out.is_contiguous():
+        raise ValueError("gemv_stream: NormInput.residual_out must be contiguous")
+    r, nw, ro, eps = ((norm.residual.contiguous(), norm.weight, norm.residual_out, norm.eps)
+                      if norm else (x, x, x, 0.0))
     _stream_kernel[(min(programs, blocks),)](
-        x, weight, bias if bias is not None else weight, y, N, weight.stride(0), K=K,
-        BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+        x, weight, bias if bias is not None else weight, y, r, nw, ro, eps, N, weight.stride(0),
+        K=K, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+        PROLOGUE=2 if norm else int(silu_input),
         LATE=x.is_cuda and weight.dtype == torch.bfloat16, num_warps=num_warps,
-        **pdl.launch(x))
+        **({"maxnreg": maxnreg} if maxnreg and x.is_cuda else {}), **pdl.launch(x))
     return y

@@ -90,6 +90,9 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
+# on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
+# its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
+FUSED_INPUTS = True
 
 
 @dataclass
@@ -335,10 +338,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     stream = stream_config(M, N, K) if block_n is None else None
     if stream:
         _check(x, weight)
-        per_sm = stream.pop("per_sm")
-        programs = per_sm * sm_count(x.device.index or 0) if x.is_cuda else None
-        return gemv_stream(x, weight, bias, programs=programs, swiglu=swiglu, out_dtype=out_dtype,
-                           **stream)
+        return _streamed(x, weight, bias, stream, swiglu=swiglu, out_dtype=out_dtype)
     if block_n is None:
         cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
@@ -373,6 +373,49 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
         LATE=x.is_cuda and weight.dtype == torch.bfloat16, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
+
+
+def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
+              **kw) -> torch.Tensor:
+    """:func:`gemv_stream_triton.gemv_stream` with :func:`stream_config`'s units, one wave of
+    ``per_sm`` programs per SM, each held to its share of the SM's 64K registers (the fused
+    add + RMSNorm would otherwise take 90 of the 85 that three programs of 8 warps may have)."""
+    stream = dict(stream)
+    per_sm = stream.pop("per_sm")
+    w = weight
+    if not w.is_cuda:
+        return gemv_stream(x, w, bias, **stream, **kw)
+    regs = 65536 // (per_sm * 32 * stream["num_warps"]) // 8 * 8
+    return gemv_stream(x, w, bias, programs=per_sm * sm_count(w.device.index or 0),
+                       maxnreg=min(regs, 255), **stream, **kw)
+
+
+def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
+    """Whether a product of ``x`` by ``weight`` [N, K] takes its input fused in front
+    (:func:`gemv_fused_input`): FUSED_INPUTS on, one row on CUDA in the weight's 16-bit dtype,
+    a streamed product (:func:`stream_config`); for a residual add + RMSNorm (``norm``) also
+    ``x`` a tensor (not split-K partials) of K inputs and one chunk of all of them. For a
+    SiLU-and-mul (not ``norm``) ``x`` is [1, 2K]."""
+    if not (FUSED_INPUTS and isinstance(x, torch.Tensor) and x.is_cuda and x.dim() == 2
+            and x.shape[0] == 1 and x.dtype == weight.dtype
+            and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
+        return False
+    N, K = weight.shape
+    stream = stream_config(1, N, K)
+    if stream is None:
+        return False
+    return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
+
+
+def gemv_fused_input(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     swiglu: bool = False, silu_input: bool = False) -> torch.Tensor:
+    """The streamed one-row product with its input computed in front, where
+    :func:`fused_input_fits` says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add +
+    RMSNorm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
+    ``gemv_stream``. Returns [1, N] (``swiglu``: [1, N / 2]) in x's dtype."""
+    N, K = weight.shape
+    return _streamed(x, weight, bias, stream_config(1, N, K), swiglu=swiglu,
+                     silu_input=silu_input)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -46,7 +46,12 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._product(x, self.bias)
 
-    def _product(self, x: torch.Tensor, bias: torch.Tensor | None, defer_sum: bool = False):
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None, defer_sum: bool = False,
+                 silu_input: bool = False):
+        if silu_input or not isinstance(x, torch.Tensor):   # an input fused in front (CUDA)
+            from mtpserve.kernels.gemv_triton import gemv_fused_input
+
+            return gemv_fused_input(x, self.weight, bias, silu_input=silu_input)
         if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
             from mtpserve.kernels.gemv_triton import gemv
 
@@ -130,10 +135,15 @@ class RowParallelLinear(LinearBase):
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
-    def forward(self, x: torch.Tensor, defer_sum: bool = False):
+    def forward(self, x: torch.Tensor, defer_sum: bool = False, silu_input: bool = False):
         """``x`` [T, in/tp] -> [T, out] summed over the TP ranks (+ bias). ``defer_sum``: on one
         rank, without bias, a split-K skinny product may return its partials
-        (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does)."""
+        (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does).
+        ``silu_input`` (where ``gemv_triton.fused_input_fits``): ``x`` is [1, 2 in/tp] =
+        [gate | up] and the product takes ``silu(gate) * up`` in its own programs."""
+        if silu_input:
+            y = tp_all_reduce(self._product(x, None, silu_input=True))
+            return y if self.bias is None else y + self.bias
         if defer_sum and self.tp_size == 1 and self.bias is None:
             return self._product(x, None, defer_sum=True)
         y = tp_all_reduce(self._product(x, None))

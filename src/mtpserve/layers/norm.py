@@ -48,6 +48,21 @@ class RMSNorm(nn.Module):
         s = residual + x
         return self._norm(s), s
 
+    def add_norm_into(self, x, residual: torch.Tensor | None, weight: torch.Tensor):
+        """:meth:`add_norm` for a product by ``weight`` next: where that product can take the
+        residual add and the norm in its own programs (``gemv_triton.fused_input_fits``: one row
+        on CUDA, a streamed product; not zero-centred), returns ``(NormInput, residual)``, the
+        residual tensor written when the product runs; else ``add_norm(x, residual)``."""
+        if (residual is not None and not self.zero_centered and isinstance(x, torch.Tensor)
+                and x.is_cuda and residual.shape == x.shape):
+            from mtpserve.kernels.gemv_stream_triton import NormInput
+            from mtpserve.kernels.gemv_triton import fused_input_fits
+
+            if fused_input_fits(x, weight, norm=True):
+                out = torch.empty_like(residual)
+                return NormInput(x, residual, self.weight, self.eps, out), out
+        return self.add_norm(x, residual)
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x):
             from mtpserve.kernels import fused_triton

@@ -3,7 +3,9 @@
 Pre-norm decoder (Touvron et al. 2023): RMSNorm -> GQA attention with RoPE -> residual ->
 RMSNorm -> SwiGLU MLP -> residual. Layer names follow vLLM so a checkpoint maps line by line.
 On CUDA each residual add runs inside the next norm's kernel, and q/k norms, RoPE and the K/V
-cache write are one kernel (kernels/fused_triton.py); the CPU path does the same ops unfused.
+cache write are one kernel (kernels/fused_triton.py); at one row (batch-1 decode) a streamed
+product takes the residual add + norm in front of it, and the down product SiLU-and-mul, in its
+own programs (kernels/gemv_stream_triton.py). The CPU path does the same ops unfused.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class LlamaAttention(nn.Module):
                               (scale or cfg.head_dim) ** -0.5, layer_idx)
 
     def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """``x`` [T, hidden] (normed) -> [T, hidden]; ``rope`` from ``RotaryEmbedding.lookup``.
-        Writes this step's K/V into the layer's cache in ``batch``."""
+        """``x`` [T, hidden] (normed; or a ``NormInput`` whose norm the q/k/v product does) ->
+        [T, hidden]; ``rope`` from ``RotaryEmbedding.lookup``. Writes this step's K/V into the
+        layer's cache in ``batch``."""
         qkv = self.qkv_proj(x)
         if use_triton(qkv):
             out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
@@ -100,17 +103,31 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor):
-        """[T, hidden] -> [T, hidden], or the down product's split-K partials for the next norm
-        to sum (``RowParallelLinear(defer_sum=True)``)."""
-        h = self._swiglu(x) if self.gate_up_interleaved else self.act(self.gate_up_proj(x))
-        return self.down_proj(h, defer_sum=True)
+    def forward(self, x):
+        """[T, hidden] (or a ``NormInput``, ``RMSNorm.add_norm_into``) -> [T, hidden], or the
+        down product's split-K partials for the next norm to sum
+        (``RowParallelLinear(defer_sum=True)``). Where the streamed down product can take
+        SiLU-and-mul in its own programs (one row, ``gemv_triton.fused_input_fits``), it gets
+        the gate/up product as it is."""
+        if self.gate_up_interleaved:
+            return self.down_proj(self._swiglu(x), defer_sum=True)
+        gu = self.gate_up_proj(x)
+        if isinstance(gu, torch.Tensor) and gu.is_cuda:
+            from mtpserve.kernels.gemv_triton import fused_input_fits
+
+            if fused_input_fits(gu, self.down_proj.weight, norm=False):
+                return self.down_proj(gu, silu_input=True)
+        return self.down_proj(self.act(gu), defer_sum=True)
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate(x)) * up(x)`` [T, intermediate / tp] over the interleaved weight: the
         skinny product with the SwiGLU epilogue where it applies, else the product then the
         interleaved SiLU-and-mul (prefill, a split reduction, SWIGLU_EPILOGUE off)."""
         gu = self.gate_up_proj   # interleaved only without a bias (the hook below)
+        if not isinstance(x, torch.Tensor):   # a NormInput: norm and product in one kernel
+            from mtpserve.kernels import gemv_triton
+
+            return gemv_triton.gemv_fused_input(x, gu.weight, swiglu=True)
         if use_gemv(x, gu.weight):
             from mtpserve.kernels import gemv_triton
 
@@ -159,9 +176,13 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.input_layernorm.add_norm(h, residual)
+        # at one row on CUDA a residual add + norm may run inside the product after it
+        # (RMSNorm.add_norm_into): h is then a NormInput, the residual written by that product
+        h, residual = self.input_layernorm.add_norm_into(h, residual,
+                                                         self.self_attn.qkv_proj.weight)
         h = self.self_attn(rope, h, batch)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = self.post_attention_layernorm.add_norm_into(h, residual,
+                                                                  self.mlp.gate_up_proj.weight)
         return self.mlp(h), residual
 
 
