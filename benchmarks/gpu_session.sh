@@ -87,7 +87,7 @@ hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP, FR-Spec) and 
 stream)   # session 23: the streamed one-row product's GPU tests (with fused inputs), the 1.7B / 8B / 135M steps
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant or split_k or swiglu" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   timeout 400 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m --compare recaptured \
-    no_fused_inputs no_stream mtpserve.kernels.gemv_triton:PRELOAD_MAX_TILES:264 recaptured \
+    mtpserve.kernels.gemv_triton:MERGE_INPUT:False no_fused_inputs no_stream recaptured \
     --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -20
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk

@@ -469,16 +469,62 @@ def check_stream_fused_inputs(device: str) -> int:
                     return gemv_stream(inp, w, **one, **more)
                 return gemv_triton.gemv_fused_input(inp, w, **more)
 
+            def plain(inp):   # the same units without the fused input
+                return gemv_stream(inp, w, **kw) if kw is not None else gemv_triton.gemv(inp, w)
+
             if cpu or gemv_triton.fused_input_fits(gu, w, norm=False):
-                want = gemv_stream(silu_and_mul(gu), w, **(kw or {}))
+                want = plain(silu_and_mul(gu))
                 assert torch.equal(product(gu, silu_input=True), want), (n, k)
                 done += 1
             if cpu or gemv_triton.fused_input_fits(x, w, norm=True):
                 ro = torch.empty_like(x)
                 got = product(NormInput(x, res, nw, 1e-6, ro))
                 h, s = add_rms_norm(x, res, nw, 1e-6, False)
-                want = gemv_stream(h, w, **(kw or {}))
+                want = plain(h)
                 assert torch.equal(ro, s), (n, k)
                 assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
                 done += 1
+    return done
+
+
+def check_stream_merge(device: str) -> int:
+    """The streamed product merging one token's attention partitions in front
+    (``paged_attention_triton(defer_merge=True)`` -> ``MergeInput``): the same bits as the
+    merge kernel's output then the product, for contexts with one live partition (the partial
+    kernel writes the output) and with several. CPU (float32; heads 4 x D 32, blocks of 8,
+    partitions of 16 keys, K = 128 in one chunk); CUDA (bfloat16; 16 query and 8 KV heads of
+    128, blocks of 16, partitions of 64 keys: the 1.7B o shape 2048 x 2048 through
+    ``gemv_fused_input``). Returns the number of contexts compared."""
+    from mtpserve.kernels import gemv_triton
+    from mtpserve.kernels.gemv_stream_triton import MergeInput, gemv_stream
+    from mtpserve.kernels.paged_attention_triton import paged_attention_triton
+
+    cpu = device == "cpu"
+    dtype = torch.float32 if cpu else torch.bfloat16
+    hq, hkv, d, block, part = (4, 2, 32, 8, 16) if cpu else (16, 8, 128, 16, 64)
+    g = torch.Generator().manual_seed(7)
+    width = 8   # blocks in the table row: 64 (CPU) or 128 keys, 4 or 2 partitions
+    kc = torch.randn(width * block, hkv, d, generator=g).to(device, dtype)
+    vc = torch.randn(width * block, hkv, d, generator=g).to(device, dtype)
+    w = (torch.randn(hq * d if cpu else 2048, hq * d, generator=g) * 0.05).to(device, dtype)
+    q = torch.randn(1, hq, d, generator=g).to(device, dtype)
+    tables = torch.randperm(width, generator=g).to(device, torch.int32).view(1, width)
+    row = torch.zeros(1, dtype=torch.int32, device=device)
+    done = 0
+    for n in (5, width * block - 3):   # one live partition; all of them
+        lens = torch.tensor([n], dtype=torch.int32, device=device)
+        args = (q, kc, vc, tables, row, lens, d ** -0.5, block, part)
+        merged = paged_attention_triton(*args, grid_parts=4)
+        parts = paged_attention_triton(*args, grid_parts=4, defer_merge=True)
+        assert isinstance(parts, MergeInput), type(parts)
+        if cpu:
+            got = gemv_stream(parts, w, block_n=16, block_k=hq * d, programs=3)
+            want = gemv_stream(merged.view(1, -1), w, block_n=16, block_k=hq * d, programs=3)
+        else:
+            assert gemv_triton.merge_input_fits(q, w)
+            got = gemv_triton.gemv_fused_input(parts, w)
+            stream = gemv_triton.stream_config(1, *w.shape, over_preload=True)
+            want = gemv_triton._streamed(merged.view(1, -1), w, None, stream)
+        assert torch.equal(got, want), n
+        done += 1
     return done

@@ -776,9 +776,9 @@ def test_streamed_one_row_products(tmp_path, monkeypatch):
     """gemv_triton.STREAM (one-row products of more than one wave streamed in one wave,
     kernels/gemv_stream_triton.py): tests/gemv_check.py's check in bfloat16 at the 1.7B q/k/v,
     gate/up and down and the 8B q/k/v shapes; then a tiny Qwen3 with preloaded tiles off, whose
-    o and down products (K = 2048) then stream at one row: the logits of a one-token prefill
-    within 1% of the tiled products', streamed products counted, and the same greedy tokens
-    through CUDA graphs (one request: one-row steps; two: tiles)."""
+    o and down products (K = 2048) then stream at one row (seen in the batch-1 graph's
+    capture): the logits of a one-token prefill (graphed) within 1% of the tiled products',
+    and the same greedy tokens through CUDA graphs (one request: one-row steps; two: tiles)."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -800,13 +800,13 @@ def test_streamed_one_row_products(tmp_path, monkeypatch):
                         lambda *a, **kw: calls.append(a[1].shape) or streamed_product(*a, **kw))
 
     def outputs(on):
+        del calls[:]
         with _switched(llm, gemv_triton, "PRELOAD", False), \
                 _switched(llm, gemv_triton, "STREAM", on):
-            assert gemv_triton.stream_fits(1, 256, 2048) == on   # the o and down products
-            del calls[:]
-            logits = logits_of_prompt(llm.engine, [5])
-            assert len(calls) == (2 * hf.config.num_hidden_layers if on else 0), calls
-            return logits, _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24)
+            # the batch-1 graph's capture ran the o and down products (256 x 2048) streamed
+            assert ((256, 2048) in calls) == on and gemv_triton.stream_fits(1, 256, 2048) == on
+            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
+                    _greedy(llm, prompts, 24))
 
     tiled, streamed = outputs(False), outputs(True)
     rel = ((streamed[0] - tiled[0]).norm() / tiled[0].norm()).item()
@@ -818,10 +818,12 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     """gemv_triton.FUSED_INPUTS: tests/gemv_check.py's check in bfloat16 (1.7B down with
     SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm: 5 cases); then a
     two-layer Qwen3 of the 1.7B's widths (hidden 2048, intermediate 6144), whose one-row q/k/v
-    and gate/up products take the norm in front (but layer 0's q/k/v: no residual yet) and down
-    products SiLU-and-mul: 5 fused products in a one-token prefill, its logits within 1% of the
-    unfused ones, and the same greedy tokens through CUDA graphs (one request: one-row steps;
-    two: tiles) with FUSED_INPUTS on and off."""
+    and gate/up products take the norm in front (but layer 0's q/k/v: no residual yet), down
+    products SiLU-and-mul and o products (MERGE_INPUT) the attention's partitions where they run
+    side by side (check_stream_merge: the same bits as the merge kernel, 2 contexts): the fused
+    products seen in the batch-1 graph's capture, the logits of a one-token prefill within 1%
+    of the unfused ones, and the same greedy tokens through CUDA graphs (one request: one-row
+    steps; two: tiles) with FUSED_INPUTS on and off."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -832,22 +834,25 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_stream_fused_inputs("cuda") == 5
+    assert gemv_check.check_stream_merge("cuda") == 2
     hf = tiny_hf_model("qwen3", hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, intermediate_size=6144)
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
               gpu_memory_utilization=0.3, enable_prefix_caching=False)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
+    fused_shapes = {(4096, 2048), (12288, 2048), (2048, 6144)}
     calls = []
     fused = gemv_triton.gemv_fused_input
     monkeypatch.setattr(gemv_triton, "gemv_fused_input",
                         lambda *a, **kw: calls.append(a[1].shape) or fused(*a, **kw))
 
     def outputs(on):
+        del calls[:]
         with _switched(llm, gemv_triton, "FUSED_INPUTS", on):
-            del calls[:]
-            logits = logits_of_prompt(llm.engine, [5])
-            assert len(calls) == (5 if on else 0), calls
-            return logits, _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24)
+            # the batch-1 graph's capture: q/k/v and gate/up with the norm, down with SiLU
+            assert (fused_shapes <= set(calls)) == on, calls
+            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
+                    _greedy(llm, prompts, 24))
 
     unfused, fused_out = outputs(False), outputs(True)
     rel = ((fused_out[0] - unfused[0]).norm() / unfused[0].norm()).item()

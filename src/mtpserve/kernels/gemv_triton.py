@@ -93,6 +93,9 @@ STREAM_MAX_N = 65535
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
+# on (with FUSED_INPUTS): the o product of a one-row step merges the attention's partitions
+# (``paged_attention_triton(defer_merge=True)``), streamed even where a tile would preload
+MERGE_INPUT = True
 
 
 @dataclass
@@ -153,12 +156,15 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
     return _pipelined_tile(n, k)
 
 
-def stream_config(rows: int, n: int, k: int) -> dict | None:
+def stream_config(rows: int, n: int, k: int, over_preload: bool = False) -> dict | None:
     """The streamed one-row product's units for ``rows`` rows by an [n, k] weight, as
     :func:`gemv_stream_triton.gemv_stream` keywords less ``programs`` plus ``per_sm``, or None
-    where it does not apply: STREAM off, more than one row, a preloaded tile, more than
-    STREAM_MAX_N outputs, or no unit of STREAM_UNITS whose block_k divides K."""
-    if not STREAM or rows != 1 or n > STREAM_MAX_N or tile_config(n, k, rows)["preload"]:
+    where it does not apply: STREAM off, more than one row, a preloaded tile (unless
+    ``over_preload``), more than STREAM_MAX_N outputs, or no unit of STREAM_UNITS whose block_k
+    divides K."""
+    if not STREAM or rows != 1 or n > STREAM_MAX_N:
+        return None
+    if tile_config(n, k, rows)["preload"] and not over_preload:
         return None
     for block_k, block_n, warps, per_sm in STREAM_UNITS:
         if k % block_k == 0:
@@ -407,15 +413,31 @@ def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
     return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
 
 
+def merge_input_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether an o product by ``weight`` [N, K] takes one token's attention partitions
+    unmerged (a ``gemv_stream_triton.MergeInput``; ``x`` stands for the step's activations:
+    CUDA, the weight's 16-bit dtype): FUSED_INPUTS and MERGE_INPUT on, streamed units of all K
+    at once, preferred to a preloaded tile (one kernel fewer)."""
+    if not (FUSED_INPUTS and MERGE_INPUT and x.is_cuda and x.dtype == weight.dtype
+            and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
+        return False
+    stream = stream_config(1, *weight.shape, over_preload=True)
+    return stream is not None and stream["block_k"] == weight.shape[1]
+
+
 def gemv_fused_input(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      swiglu: bool = False, silu_input: bool = False) -> torch.Tensor:
     """The streamed one-row product with its input computed in front, where
-    :func:`fused_input_fits` says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add +
-    RMSNorm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
+    :func:`fused_input_fits` or :func:`merge_input_fits` says so: ``x`` a
+    ``gemv_stream_triton.NormInput`` (residual add + RMSNorm), a ``MergeInput`` (the
+    attention's partitions) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
     ``gemv_stream``. Returns [1, N] (``swiglu``: [1, N / 2]) in x's dtype."""
+    from mtpserve.kernels.gemv_stream_triton import MergeInput
+
     N, K = weight.shape
-    return _streamed(x, weight, bias, stream_config(1, N, K), swiglu=swiglu,
-                     silu_input=silu_input)
+    merge = isinstance(x, MergeInput)
+    return _streamed(x, weight, bias, stream_config(1, N, K, over_preload=merge),
+                     swiglu=swiglu, silu_input=silu_input)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
