@@ -15,6 +15,18 @@ first unit is loaded before the PDL wait. Each unit is kept 16-bit in registers 
 multiplied (``late_f32``), so two units fit. Float32 multiply and sum over each row of the unit,
 the units' sums added in order of the reduction; one rounding to the output dtype. The bits
 differ from the tiled kernel's (another order of the sum), and a row's bits do not depend on G.
+
+Inputs fused in front (after the wait, while the first unit is already in registers): the
+residual add + RMSNorm of the pre-norm decoder (:class:`NormInput`: the q/k/v and gate/up
+products), SiLU-and-mul of a gate/up output (``silu_input``: the down product), and the merge of
+one token's attention partitions (:class:`MergeInput`: the o product). Each takes a kernel and
+its PDL boundary out of the batch-1 step; every program computes the same input (K values,
+from L2), and program 0 stores the new residual.
+
+On the H200 (BENCHMARKS.md, session 23), one product in a chain of 20: 1.7B q/k/v 6.69 -> 5.68
+us, gate/up 13.57 -> 13.14, down 9.62 -> 8.61; 8B q/k/v 16.41 -> 13.67, o 10.96 -> 9.59, down
+25.74 -> 24.79. Batch-1 step: 1.7B 1.440 -> 1.398 ms streamed, 1.304 with the norms and the
+SiLU-and-mul fused; 8B 4.342 -> 4.197 -> 4.028.
 """
 
 from __future__ import annotations

@@ -34,6 +34,12 @@ at 4 rows the 135M's verify forward took 0.822 ms against 0.718 pipelined), so t
 pipelined loop, and a product's bits differ between one row and several, as they already
 differ between the skinny product and cuBLAS past 16.
 
+Streamed one-row products (``STREAM``, kernels/gemv_stream_triton.py): at one row a product
+that preloaded tiles do not cover (more than one wave) runs as one wave of programs that each
+load their first unit before the PDL wait and stream the rest through a register double buffer,
+and may take the norm, SiLU-and-mul or attention merge before it in its own programs
+(``FUSED_INPUTS``, ``MERGE_INPUT``; models/llama.py). The LM head keeps the tiles.
+
 Measured and removed (BENCHMARKS.md, session 21; the code is in commit ee87268): the whole MLP
 in one persistent kernel, gate/up tiles then a barrier over all its programs then the down
 product, was 1-3 us per MLP slower than these separate kernels (the barrier alone ~3 us); with

@@ -10,7 +10,9 @@ Measured and dropped: an L2 prefetch of the weights before the wait, a bulk L2 p
 next product's weight issued by the short kernel before it or from extra programs during
 attention, and loading each product program's first pipelined weight tile before the wait
 (BENCHMARKS.md, sessions 5, 18, 19, 22). What paid: a one-row product whose tiles are one wave
-loads its whole tile before the wait (kernels/gemv_triton.py, ``PRELOAD``). A PDL boundary
+loads its whole tile before the wait (kernels/gemv_triton.py, ``PRELOAD``), and a larger one runs
+as one wave that loads its first unit before the wait and streams the rest, taking the norm or
+activation before it into its own programs (kernels/gemv_stream_triton.py, session 23). A PDL boundary
 (~0.9 us on the H200) is also cheaper than any signal through memory inside one persistent
 kernel (benchmarks/gpu_boundary.py, session 22). Letting the
 next kernel launch before this one's wait (session 17) or only after a product's loads (session
