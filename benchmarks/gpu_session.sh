@@ -40,7 +40,9 @@
 #   preloaded tiles, since removed (BENCHMARKS.md has their commands); boundary (what one
 #   dependency between phases costs: benchmarks/gpu_boundary.py); preload (the preloaded
 #   products' GPU tests and the 1.7B / 135M steps with and without); stream (the streamed
-#   one-row product's GPU tests, its unit sweep, the 1.7B / 8B steps with it).
+#   one-row product's GPU tests, the 1.7B / 8B / 135M steps with and without it and its fused
+#   inputs; session 23's run 3 also timed the o product merging the attention, since removed);
+#   final (session 23's last check: the stream GPU tests, the 1.7B and 8B steps).
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -87,8 +89,12 @@ hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP, FR-Spec) and 
 stream)   # session 23: the streamed one-row product's GPU tests (with fused inputs), the 1.7B / 8B / 135M steps
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant or split_k or swiglu" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   timeout 400 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m --compare recaptured \
-    mtpserve.kernels.gemv_triton:MERGE_INPUT:False no_fused_inputs no_stream recaptured \
+    no_fused_inputs no_stream recaptured \
     --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -20
+  ;;
+final)    # session 23's last check of the tree
+  timeout 120 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -4
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
   timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \

@@ -18,10 +18,12 @@ differ from the tiled kernel's (another order of the sum), and a row's bits do n
 
 Inputs fused in front (after the wait, while the first unit is already in registers): the
 residual add + RMSNorm of the pre-norm decoder (:class:`NormInput`: the q/k/v and gate/up
-products), SiLU-and-mul of a gate/up output (``silu_input``: the down product), and the merge of
-one token's attention partitions (:class:`MergeInput`: the o product). Each takes a kernel and
-its PDL boundary out of the batch-1 step; every program computes the same input (K values,
-from L2), and program 0 stores the new residual.
+products) and SiLU-and-mul of a gate/up output (``silu_input``: the down product). Each takes a
+kernel and its PDL boundary out of the batch-1 step; every program computes the same input (K
+values, from L2), and program 0 stores the new residual. Measured and removed (session 23,
+commit 41fe97e): the o product merging one token's attention partitions the same way, in place
+of the merge kernel, made the step slower (1.7B 1.306 -> 1.335-1.343 ms, 8B 4.028 -> 4.19):
+every program read all partitions' float32 partial outputs.
 
 On the H200 (BENCHMARKS.md, session 23), one product in a chain of 20: 1.7B q/k/v 6.69 -> 5.68
 us, gate/up 13.57 -> 13.14, down 9.62 -> 8.61; 8B q/k/v 16.41 -> 13.67, o 10.96 -> 9.59, down
@@ -115,40 +117,10 @@ def _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K: tl.constexpr):
 
 
 @triton.jit
-def _merged_x(o_ptr, m_ptr, l_ptr, acc_ptr, len_ptr, num_parts, c, HEAD_D: tl.constexpr,
-              HEAD_D_PAD: tl.constexpr, TILE: tl.constexpr):
-    """The attention output of token 0 as float32 [K = heads * HEAD_D] from the partial
-    softmaxes of kernels/paged_attention_triton.py (m, l [heads, num_parts], acc [heads,
-    num_parts, HEAD_D_PAD] float32): merged as its ``_merge_head`` does, partition after
-    partition in the same order, rounded to the output's dtype (the same bits as the merge
-    kernel); where one partition is live, the partial kernel wrote ``o`` itself."""
-    n = tl.load(len_ptr)
-    span = tl.cdiv(tl.cdiv(n, num_parts), TILE) * TILE
-    live = tl.cdiv(n, span)
-    if live > 1:
-        base = (c // HEAD_D) * num_parts
-        dim = c % HEAD_D
-        m_max = tl.full(c.shape, float("-inf"), tl.float32)
-        for j in range(live):   # a max is exact in any order
-            m_max = tl.maximum(m_max, tl.load(m_ptr + base + j, cache_modifier=".cg"))
-        o = tl.zeros(c.shape, tl.float32)
-        den = tl.zeros(c.shape, tl.float32)
-        for j in range(live):
-            w = tl.exp(tl.load(m_ptr + base + j, cache_modifier=".cg") - m_max)
-            den += tl.load(l_ptr + base + j, cache_modifier=".cg") * w
-            o += tl.load(acc_ptr + (base + j) * HEAD_D_PAD + dim, cache_modifier=".cg") * w
-        x = (o / den).to(o_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        x = tl.load(o_ptr + c).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, m_ptr, l_ptr,
-                   acc_ptr, len_ptr, num_parts, N, sw, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
-                   PROLOGUE: tl.constexpr, HEAD_D: tl.constexpr, HEAD_D_PAD: tl.constexpr,
-                   TILE: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
+def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, sw,
+                   K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PROLOGUE: tl.constexpr,
+                   LATE: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     CHUNKS: tl.constexpr = K // BLOCK_K
@@ -159,9 +131,6 @@ def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, m_ptr
     pdl_wait(PDL)
     if PROLOGUE == 2:   # the whole input normed once (BLOCK_K == K)
         x = _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K)
-    elif PROLOGUE == 3:   # the attention's partitions merged once (BLOCK_K == K)
-        x = _merged_x(x_ptr, m_ptr, l_ptr, acc_ptr, len_ptr, num_parts, c, HEAD_D, HEAD_D_PAD,
-                      TILE)
     else:
         x = _x_chunk(x_ptr, 0, c, K, BLOCK_K, PROLOGUE == 1)
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -213,27 +182,7 @@ class NormInput:
     residual_out: torch.Tensor
 
 
-@dataclass
-class MergeInput:
-    """The product's input as one token's attention output still to be merged from its
-    partial softmaxes (kernels/paged_attention_triton.py, ``paged_attention_triton(...,
-    defer_merge=True)``): ``out`` [1, heads, D] (written by the partial kernel where one
-    partition is live), ``m``, ``l`` [1, heads, num_parts] and ``acc`` [1, heads, num_parts,
-    d_pad] float32, ``kv_len`` [1] (the token's context), and the partitioning's ``tile``."""
-    out: torch.Tensor
-    m: torch.Tensor
-    l: torch.Tensor
-    acc: torch.Tensor
-    kv_len: torch.Tensor
-    tile: int
-
-    @property
-    def x(self) -> torch.Tensor:
-        """The output tensor as the product's [1, heads * D] input."""
-        return self.out.view(1, -1)
-
-
-def gemv_stream(x: torch.Tensor | NormInput | MergeInput, weight: torch.Tensor,
+def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
                 bias: torch.Tensor | None = None, block_n: int = 16, block_k: int = 2048,
                 num_warps: int = 8, programs: int | None = None, swiglu: bool = False,
                 out_dtype: torch.dtype | None = None, silu_input: bool = False,
@@ -256,8 +205,7 @@ def gemv_stream(x: torch.Tensor | NormInput | MergeInput, weight: torch.Tensor,
     NormInput over chunks shorter than K or of mismatched shapes."""
     N, K = weight.shape
     norm = x if isinstance(x, NormInput) else None
-    merge = x if isinstance(x, MergeInput) else None
-    x = x.x if norm or merge else x
+    x = norm.x if norm else x
     if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != (2 * K if silu_input else K):
         raise ValueError(f"gemv_stream takes one row of {K} inputs"
                          f"{' (x 2) for silu_input' if silu_input else ''}, got {tuple(x.shape)}")
@@ -275,22 +223,14 @@ def gemv_stream(x: torch.Tensor | NormInput | MergeInput, weight: torch.Tensor,
     if programs is None:
         programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
     y = torch.empty(1, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
-    if merge and (block_k != K or silu_input or not merge.out.is_contiguous()
-                  or merge.out.shape[0] != 1):
-        raise ValueError(f"gemv_stream: a MergeInput needs one token and one chunk of all "
-                         f"K = {K} inputs (block_k {block_k})")
     if norm and not norm.residual_out.is_contiguous():
         raise ValueError("gemv_stream: NormInput.residual_out must be contiguous")
     r, nw, ro, eps = ((norm.residual.contiguous(), norm.weight, norm.residual_out, norm.eps)
                       if norm else (x, x, x, 0.0))
-    m = merge or MergeInput(x, x, x, x, x, 16)
     _stream_kernel[(min(programs, blocks),)](
-        x, weight, bias if bias is not None else weight, y, r, nw, ro, eps, m.m, m.l, m.acc,
-        m.kv_len, m.m.shape[-1], N, weight.stride(0), K=K, BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, SWIGLU=swiglu,
-        PROLOGUE=3 if merge else 2 if norm else int(silu_input),
-        HEAD_D=merge.out.shape[-1] if merge else 1, HEAD_D_PAD=m.acc.shape[-1] if merge else 1,
-        TILE=m.tile,
+        x, weight, bias if bias is not None else weight, y, r, nw, ro, eps, N, weight.stride(0),
+        K=K, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,
+        PROLOGUE=2 if norm else int(silu_input),
         LATE=x.is_cuda and weight.dtype == torch.bfloat16, num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg and x.is_cuda else {}), **pdl.launch(x))
     return y

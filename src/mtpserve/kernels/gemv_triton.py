@@ -37,8 +37,8 @@ differ between the skinny product and cuBLAS past 16.
 Streamed one-row products (``STREAM``, kernels/gemv_stream_triton.py): at one row a product
 that preloaded tiles do not cover (more than one wave) runs as one wave of programs that each
 load their first unit before the PDL wait and stream the rest through a register double buffer,
-and may take the norm, SiLU-and-mul or attention merge before it in its own programs
-(``FUSED_INPUTS``, ``MERGE_INPUT``; models/llama.py). The LM head keeps the tiles.
+and may take the norm or SiLU-and-mul before it in its own programs (``FUSED_INPUTS``;
+models/llama.py). The LM head keeps the tiles.
 
 Measured and removed (BENCHMARKS.md, session 21; the code is in commit ee87268): the whole MLP
 in one persistent kernel, gate/up tiles then a barrier over all its programs then the down
@@ -85,8 +85,12 @@ SWIGLU_MIN_K = 4096
 # pipelined loop always (benchmarks/gpu_decode.py --compare no_preload)
 PRELOAD = True
 PRELOAD_MAX_ROWS = 1
-PRELOAD_MAX_K = 2048      # the tile's registers: 16 x 2048 bf16 at 8 warps, 174 registers
-PRELOAD_MAX_TILES = 132   # one wave of one program per SM on an H100 / H200
+# the tile's registers: 16 x 2048 bf16 at 8 warps, 100 registers at one row (kept 16-bit until
+# multiplied: gemv_stream_triton.late_f32; 172 before session 23)
+PRELOAD_MAX_K = 2048
+# one wave of one program per SM on an H100 / H200; 264 (two per SM fit since session 23) took the
+# 1.7B q/k/v product from the streamed one with its norm fused: 1.344 against 1.304 ms a step
+PRELOAD_MAX_TILES = 132
 PRELOAD_BLOCK_N = 16
 # on: one-row products that preloaded tiles do not cover (more than one wave; not the LM head, past
 # STREAM_MAX_N rows) go to kernels/gemv_stream_triton.py: one wave of programs streaming units of
@@ -99,9 +103,6 @@ STREAM_MAX_N = 65535
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
-# on (with FUSED_INPUTS): the o product of a one-row step merges the attention's partitions
-# (``paged_attention_triton(defer_merge=True)``), streamed even where a tile would preload
-MERGE_INPUT = True
 
 
 @dataclass
@@ -162,15 +163,12 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
     return _pipelined_tile(n, k)
 
 
-def stream_config(rows: int, n: int, k: int, over_preload: bool = False) -> dict | None:
+def stream_config(rows: int, n: int, k: int) -> dict | None:
     """The streamed one-row product's units for ``rows`` rows by an [n, k] weight, as
     :func:`gemv_stream_triton.gemv_stream` keywords less ``programs`` plus ``per_sm``, or None
-    where it does not apply: STREAM off, more than one row, a preloaded tile (unless
-    ``over_preload``), more than STREAM_MAX_N outputs, or no unit of STREAM_UNITS whose block_k
-    divides K."""
-    if not STREAM or rows != 1 or n > STREAM_MAX_N:
-        return None
-    if tile_config(n, k, rows)["preload"] and not over_preload:
+    where it does not apply: STREAM off, more than one row, a preloaded tile, more than
+    STREAM_MAX_N outputs, or no unit of STREAM_UNITS whose block_k divides K."""
+    if not STREAM or rows != 1 or n > STREAM_MAX_N or tile_config(n, k, rows)["preload"]:
         return None
     for block_k, block_n, warps, per_sm in STREAM_UNITS:
         if k % block_k == 0:
@@ -394,11 +392,10 @@ def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
     add + RMSNorm would otherwise take 90 of the 85 that three programs of 8 warps may have)."""
     stream = dict(stream)
     per_sm = stream.pop("per_sm")
-    w = weight
-    if not w.is_cuda:
-        return gemv_stream(x, w, bias, **stream, **kw)
+    if not weight.is_cuda:
+        return gemv_stream(x, weight, bias, **stream, **kw)
     regs = 65536 // (per_sm * 32 * stream["num_warps"]) // 8 * 8
-    return gemv_stream(x, w, bias, programs=per_sm * sm_count(w.device.index or 0),
+    return gemv_stream(x, weight, bias, programs=per_sm * sm_count(weight.device.index or 0),
                        maxnreg=min(regs, 255), **stream, **kw)
 
 
@@ -419,31 +416,15 @@ def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
     return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
 
 
-def merge_input_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether an o product by ``weight`` [N, K] takes one token's attention partitions
-    unmerged (a ``gemv_stream_triton.MergeInput``; ``x`` stands for the step's activations:
-    CUDA, the weight's 16-bit dtype): FUSED_INPUTS and MERGE_INPUT on, streamed units of all K
-    at once, preferred to a preloaded tile (one kernel fewer)."""
-    if not (FUSED_INPUTS and MERGE_INPUT and x.is_cuda and x.dtype == weight.dtype
-            and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
-        return False
-    stream = stream_config(1, *weight.shape, over_preload=True)
-    return stream is not None and stream["block_k"] == weight.shape[1]
-
-
 def gemv_fused_input(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      swiglu: bool = False, silu_input: bool = False) -> torch.Tensor:
     """The streamed one-row product with its input computed in front, where
-    :func:`fused_input_fits` or :func:`merge_input_fits` says so: ``x`` a
-    ``gemv_stream_triton.NormInput`` (residual add + RMSNorm), a ``MergeInput`` (the
-    attention's partitions) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
+    :func:`fused_input_fits` says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add +
+    RMSNorm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
     ``gemv_stream``. Returns [1, N] (``swiglu``: [1, N / 2]) in x's dtype."""
-    from mtpserve.kernels.gemv_stream_triton import MergeInput
-
     N, K = weight.shape
-    merge = isinstance(x, MergeInput)
-    return _streamed(x, weight, bias, stream_config(1, N, K, over_preload=merge),
-                     swiglu=swiglu, silu_input=silu_input)
+    return _streamed(x, weight, bias, stream_config(1, N, K), swiglu=swiglu,
+                     silu_input=silu_input)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

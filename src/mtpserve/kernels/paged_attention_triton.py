@@ -174,8 +174,7 @@ def _spread(n, num_parts, TILE: tl.constexpr):
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, table_row: torch.Tensor,
                            kv_len: torch.Tensor, scale: float, block_size: int,
-                           part_size: int, grid_parts: int | None = None,
-                           defer_merge: bool = False):
+                           part_size: int, grid_parts: int | None = None) -> torch.Tensor:
     """Attention of ``q`` [T, Hq, D] over paged K/V caches [slots, Hkv, D].
 
     Args:
@@ -186,12 +185,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 merges in
             the program, more run partitions side by side and merge in a second kernel. The
             output's bits do not depend on it.
-        defer_merge: for one token whose partitions run side by side, return them unmerged as
-            a ``gemv_stream_triton.MergeInput`` for the product after (the o projection) to
-            merge in its own programs, with the same bits as the merge kernel.
 
     Returns:
-        [T, Hq, D] in q's dtype (or a MergeInput, ``defer_merge``).
+        [T, Hq, D] in q's dtype.
     """
     T, Hq, D = q.shape
     Hkv = k_cache.shape[1]
@@ -216,10 +212,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
         SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
         **pdl.launch(q))
-    if grid_parts > 1 and defer_merge and T == 1:
-        from mtpserve.kernels.gemv_stream_triton import MergeInput
-
-        return MergeInput(out, m, l, acc, kv_len, tile)
     if grid_parts > 1:
         _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
                                P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))

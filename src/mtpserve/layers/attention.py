@@ -44,11 +44,9 @@ class Attention(nn.Module):
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         return self.attend(q, batch)
 
-    def attend(self, q: torch.Tensor, batch: ForwardBatch, defer_merge: bool = False):
+    def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Attention of ``q`` ([T, Hq, D] or [T, Hq*D]) over the cache, which must already hold
-        this step's K/V at ``batch.slot_mapping``; returns [T, Hq*D] in q's dtype.
-        ``defer_merge`` (CUDA): one token's partitions may come back unmerged, a
-        ``gemv_stream_triton.MergeInput`` that the o projection merges (``paged_attention_triton``)."""
+        this step's K/V at ``batch.slot_mapping``; returns [T, Hq*D] in q's dtype."""
         T = q.shape[0]
         q = q.reshape(T, self.num_heads, self.head_dim)
         k_cache, v_cache = self.kv_cache(batch)
@@ -57,10 +55,7 @@ class Attention(nn.Module):
             from mtpserve.kernels.paged_attention_triton import paged_attention_triton
 
             out = paged_attention_triton(q, k_cache, v_cache, m.block_tables, m.table_row,
-                                         m.kv_len, self.scale, m.block_size, m.part_size,
-                                         defer_merge=defer_merge)
-            if not isinstance(out, torch.Tensor):
-                return out
+                                         m.kv_len, self.scale, m.block_size, m.part_size)
         elif isinstance(m, TritonAttentionMetadata):
             out = per_token_attention_ref(q, k_cache, v_cache, m, self.scale)
         else:

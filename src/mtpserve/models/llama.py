@@ -54,20 +54,11 @@ class LlamaAttention(nn.Module):
         layer's cache in ``batch``."""
         qkv = self.qkv_proj(x)
         if use_triton(qkv):
-            # at one row the o product may merge the attention's partitions itself
-            out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch,
-                                   defer_merge=self._o_merges(qkv))
+            out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
         else:
             out = self._qk_rope_attend(qkv, rope, batch)
         # a split product's partials go to the next norm, which sums them (layers/linear.py)
         return self.o_proj(out, defer_sum=True)
-
-    def _o_merges(self, qkv: torch.Tensor) -> bool:
-        """Whether the o product takes this step's attention partitions unmerged (one row:
-        ``gemv_triton.merge_input_fits``)."""
-        from mtpserve.kernels.gemv_triton import merge_input_fits
-
-        return qkv.shape[0] == 1 and merge_input_fits(qkv, self.o_proj.weight)
 
     def _qk_rope_attend(self, qkv: torch.Tensor, rope, batch: ForwardBatch) -> torch.Tensor:
         """The reference (CPU) path: q/k norms, RoPE, then ``Attention`` writes K/V and attends."""
