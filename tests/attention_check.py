@@ -68,3 +68,50 @@ def check_paged_attention(device: str, hq: int, hkv: int, d: int, dtype: str,
         for grid in (1, parts):   # a token alone: the bits it gets in the batch
             assert torch.equal(attend(q[5:6], rows[5:6], kv_len[5:6], part, grid), out[5:6])
     return worst
+
+
+def check_qk_in_attention(device: str) -> int:
+    """``paged_attention_triton(qk=QKRope(...))`` (one token: the partial kernel does the q/k
+    norms, RoPE and K/V cache write itself) against ``qk_norm_rope_kv_write`` then the attention:
+    the same output and KV caches bit for bit, with and without q/k norms, for a context of one
+    live partition and of several, with grids of 1 (self-merging) and 3 programs per KV head.
+    CPU: float32, Hq 4, Hkv 2, D 32, blocks of 8, partitions of 16 keys; CUDA: bfloat16, Hq 16,
+    Hkv 8, D 128 (the 1.7B), blocks of 16, partitions of 64 keys. Returns the cases compared."""
+    from fused_kernel_check import rope_tables
+
+    from mtpserve.kernels.fused_triton import QKRope, qk_norm_rope_kv_write
+    from mtpserve.kernels.paged_attention_triton import paged_attention_triton
+
+    cpu = device == "cpu"
+    dtype = torch.float32 if cpu else torch.bfloat16
+    hq, hkv, d, block, part = (4, 2, 32, 8, 16) if cpu else (16, 8, 128, 16, 64)
+    width = 8
+    g = torch.Generator().manual_seed(11)
+    cos, ssin = rope_tables(d)
+    tables = torch.randperm(width, generator=g).to(device, torch.int32).view(1, width)
+    row = torch.zeros(1, dtype=torch.int32, device=device)
+    cases = 0
+    for n in (5, width * block - 3):   # one live partition; several
+        pos = torch.tensor([n - 1], device=device)
+        slot = (tables[0, (n - 1) // block].long() * block + (n - 1) % block).view(1)
+        qkv = torch.randn(1, (hq + 2 * hkv) * d, generator=g).to(device, dtype)
+        caches = [torch.randn(width * block, hkv, d, generator=g).to(device, dtype)
+                  for _ in range(2)]
+        for norm in (False, True):
+            w = dict(q_weight=(torch.rand(d, generator=g) + 0.5).to(device, dtype),
+                     k_weight=(torch.rand(d, generator=g) + 0.5).to(device, dtype)) if norm else {}
+            for grid in (1, 3):
+                kc, vc = (c.clone() for c in caches)
+                q = qk_norm_rope_kv_write(qkv, hq, hkv, d, pos, cos.to(device),
+                                          ssin.to(device), kc, vc, slot, **w)
+                lens = torch.tensor([n], dtype=torch.int32, device=device)
+                want = paged_attention_triton(q, kc, vc, tables, row, lens, d ** -0.5, block,
+                                              part, grid_parts=grid)
+                kc2, vc2 = (c.clone() for c in caches)
+                qk = QKRope(qkv, pos, cos.to(device), ssin.to(device), slot, **w)
+                got = paged_attention_triton(torch.empty_like(q), kc2, vc2, tables, row, lens,
+                                             d ** -0.5, block, part, grid_parts=grid, qk=qk)
+                assert torch.equal(got, want), (n, norm, grid)
+                assert torch.equal(kc2, kc) and torch.equal(vc2, vc), (n, norm, grid)
+                cases += 1
+    return cases

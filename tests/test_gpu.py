@@ -654,6 +654,22 @@ def _switched(llm, module, attr: str, value):
         llm.engine.runner.capture_cuda_graphs()
 
 
+def _tiny_qwen3_llm(tmp_path, **shape):
+    """An ``LLM`` (bfloat16, CUDA graphs, no prefix caching) over a random two-layer Qwen3 of 16
+    query heads of 128 (defaults: hidden 256, 4 KV heads, intermediate 2048; ``shape``
+    overrides), written to ``tmp_path``."""
+    from harness import tiny_hf_model
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM
+
+    kw = dict(hidden_size=256, num_attention_heads=16, num_key_value_heads=4, head_dim=128,
+              intermediate_size=2048)
+    hf = tiny_hf_model("qwen3", **{**kw, **shape})
+    return LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
+               gpu_memory_utilization=0.3, enable_prefix_caching=False)
+
+
 def _variants(kernel) -> int:
     """Compiled variants of a Triton kernel on the current device."""
     caches = kernel.device_caches.get(torch.cuda.current_device())
@@ -746,17 +762,12 @@ def test_preloaded_product_tiles(tmp_path):
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
-    from harness import logits_of_prompt, tiny_hf_model
-    from hybrid_checkpoint import write_checkpoint
+    from harness import logits_of_prompt
 
-    from mtpserve import LLM
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_preload("cuda") < 1e-5
-    hf = tiny_hf_model("qwen3", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
-                       head_dim=128, intermediate_size=2048)
-    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
-              gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    llm = _tiny_qwen3_llm(tmp_path)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
     assert gemv_triton.tile_config(2048, 256, rows=1)["preload"]
     assert not gemv_triton.tile_config(2048, 256, rows=2)["preload"]
@@ -782,17 +793,12 @@ def test_streamed_one_row_products(tmp_path, monkeypatch):
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
-    from harness import logits_of_prompt, tiny_hf_model
-    from hybrid_checkpoint import write_checkpoint
+    from harness import logits_of_prompt
 
-    from mtpserve import LLM
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_stream("cuda") < 1e-2
-    hf = tiny_hf_model("qwen3", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
-                       head_dim=128, intermediate_size=2048)
-    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
-              gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    llm = _tiny_qwen3_llm(tmp_path)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
     calls = []
     streamed_product = gemv_triton.gemv_stream
@@ -826,17 +832,13 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
-    from harness import logits_of_prompt, tiny_hf_model
-    from hybrid_checkpoint import write_checkpoint
+    from harness import logits_of_prompt
 
-    from mtpserve import LLM
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_stream_fused_inputs("cuda") == 5
-    hf = tiny_hf_model("qwen3", hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, intermediate_size=6144)
-    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
-              gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
+                          intermediate_size=6144)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
     fused_shapes = {(4096, 2048), (12288, 2048), (2048, 6144)}
     calls = []
@@ -856,3 +858,24 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     rel = ((fused_out[0] - unfused[0]).norm() / unfused[0].norm()).item()
     assert rel < 1e-2, rel
     assert fused_out[1:] == unfused[1:]
+
+
+def test_qk_norms_rope_and_kv_write_inside_the_attention(tmp_path):
+    """paged_attention_triton.QK_IN_ATTENTION: tests/attention_check.py's check in bfloat16
+    (the 1.7B's heads: output and KV caches bit-equal to qk_norm_rope_kv_write then the
+    attention, 8 cases); then a tiny Qwen3's greedy tokens through CUDA graphs (one request:
+    one-token steps take it; two: not) the same with it on and off."""
+    import sys
+    sys.path.insert(0, "tests")
+    import attention_check
+    from mtpserve.kernels import paged_attention_triton as pa
+
+    assert attention_check.check_qk_in_attention("cuda") == 8
+    llm = _tiny_qwen3_llm(tmp_path)
+    prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
+
+    def outputs(on):
+        with _switched(llm, pa, "QK_IN_ATTENTION", on):
+            return _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24)
+
+    assert outputs(True) == outputs(False)

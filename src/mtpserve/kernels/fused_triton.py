@@ -12,6 +12,8 @@ the unfused path (a fused kernel rounds wherever the chain of unfused ops it rep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -242,15 +244,25 @@ def _qk_norm_rope_kv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr
         _norm_rope_head(row + h * s_qh, q_ptr + t * s_q + h * D, qw_ptr, cos_row, sin_row, eps,
                         D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
     else:
-        hk = h - HQ
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
-            _norm_rope_head(row + k_off + hk * D, kc_ptr + slot * s_kc + hk * D, kw_ptr,
-                            cos_row, sin_row, eps, D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
-            d = tl.arange(0, BLOCK_D)
-            v = tl.load(row + v_off + hk * D + d, mask=d < D)
-            tl.store(vc_ptr + slot * s_vc + hk * D + d, v.to(vc_ptr.dtype.element_ty),
-                     mask=d < D)
+            kv_head_write(row, k_off, v_off, h - HQ, kc_ptr + slot * s_kc, vc_ptr + slot * s_vc,
+                          D, kw_ptr, cos_row, sin_row, eps, D, HALF, BLOCK_D, HAS_NORM,
+                          ZERO_CENTERED)
+
+
+@triton.jit
+def kv_head_write(row, k_off, v_off, hk, kc_slot, vc_slot, s_head, kw_ptr, cos_row, sin_row, eps,
+                  D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+                  HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    """KV head ``hk`` of one token's ``row`` of qkv into its cache slot (``kc_slot`` /
+    ``vc_slot``: the slot's first element, heads ``s_head`` apart): the key normed and rotated
+    (:func:`_norm_rope_head`), the value as it is."""
+    _norm_rope_head(row + k_off + hk * D, kc_slot + hk * s_head, kw_ptr, cos_row, sin_row, eps,
+                    D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
+    d = tl.arange(0, BLOCK_D)
+    v = tl.load(row + v_off + hk * D + d, mask=d < D)
+    tl.store(vc_slot + hk * s_head + d, v.to(vc_slot.dtype.element_ty), mask=d < D)
 
 
 def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -310,6 +322,23 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
         BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered,
         **pdl.launch(qkv))
     return q
+
+
+@dataclass
+class QKRope:
+    """The operands of :func:`qk_norm_rope_kv_write` for a kernel that does its work itself
+    (``paged_attention_triton(qk=...)``: the attention of one token, whose programs norm and
+    rotate their query heads and write the token's K/V before they attend). Fields as that
+    function's arguments; the KV caches are the attention's own."""
+    qkv: torch.Tensor
+    positions: torch.Tensor
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+    slot_mapping: torch.Tensor
+    q_weight: torch.Tensor | None = None
+    k_weight: torch.Tensor | None = None
+    eps: float = 1e-6
+    zero_centered: bool = False
 
 
 def _check_qkv_layout(qkv, width, rot, D, k_cache, v_cache, num_kv_heads, q_weight, k_weight):
