@@ -247,8 +247,8 @@ def main() -> None:
     ap.add_argument("--compare", nargs="+", default=[],
                     metavar="SWITCH",
                     help="cublas, no_pdl, no_self_merge, no_deferred_sum, deferred_sum, "
-                         "always_self_merge, no_swiglu_epilogue, no_preload (the pipelined "
-                         "product for every weight), no_stream (one-row products in tiles, "
+                         "always_self_merge, no_swiglu_epilogue, no_preload (no preloaded "
+                         "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
                          "kernels at one row), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured): "

@@ -81,8 +81,9 @@ SWIGLU_EPILOGUE = True
 # 20, runs 3 and 5): there the down product costs 4.1 us more after a product than after the
 # one-program SiLU-and-mul kernel (its programs launched early under PDL; session 21, run 4)
 SWIGLU_MIN_K = 4096
-# on: products of few rows whose tiles fit one wave take preloaded tiles (module doc); off, the
-# pipelined loop always (benchmarks/gpu_decode.py --compare no_preload)
+# on: products of few rows whose tiles fit one wave take preloaded tiles (module doc); off, they
+# take the pipelined loop, or at one row the streamed product where STREAM applies
+# (benchmarks/gpu_decode.py --compare no_preload)
 PRELOAD = True
 PRELOAD_MAX_ROWS = 1
 # the tile's registers: 16 x 2048 bf16 at 8 warps, 100 registers at one row (kept 16-bit until
@@ -401,12 +402,12 @@ def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
 
 def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
     """Whether a product of ``x`` by ``weight`` [N, K] takes its input fused in front
-    (:func:`gemv_fused_input`): FUSED_INPUTS on, one row on CUDA in the weight's 16-bit dtype,
-    a streamed product (:func:`stream_config`); for a residual add + RMSNorm (``norm``) also
-    ``x`` a tensor (not split-K partials) of K inputs and one chunk of all of them. For a
-    SiLU-and-mul (not ``norm``) ``x`` is [1, 2K]."""
-    if not (FUSED_INPUTS and isinstance(x, torch.Tensor) and x.is_cuda and x.dim() == 2
-            and x.shape[0] == 1 and x.dtype == weight.dtype
+    (:func:`gemv_fused_input`): ENABLED and FUSED_INPUTS on, one row on CUDA in the weight's
+    16-bit dtype, a streamed product (:func:`stream_config`); for a residual add + RMSNorm
+    (``norm``) also ``x`` a tensor (not split-K partials) of K inputs and one chunk of all of
+    them. For a SiLU-and-mul (not ``norm``) ``x`` is [1, 2K]."""
+    if not (ENABLED and FUSED_INPUTS and isinstance(x, torch.Tensor) and x.is_cuda
+            and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
             and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
         return False
     N, K = weight.shape

@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
         on CUDA, a streamed product; not zero-centred), returns ``(NormInput, residual)``, the
         residual tensor written when the product runs; else ``add_norm(x, residual)``."""
         if (residual is not None and not self.zero_centered and isinstance(x, torch.Tensor)
-                and x.is_cuda and residual.shape == x.shape):
+                and use_triton(x) and residual.shape == x.shape):
             from mtpserve.kernels.gemv_stream_triton import NormInput
             from mtpserve.kernels.gemv_triton import fused_input_fits
 

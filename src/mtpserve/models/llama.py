@@ -126,7 +126,7 @@ class LlamaMLP(nn.Module):
         if self.gate_up_interleaved:
             return self.down_proj(self._swiglu(x), defer_sum=True)
         gu = self.gate_up_proj(x)
-        if isinstance(gu, torch.Tensor) and gu.is_cuda:
+        if isinstance(gu, torch.Tensor) and use_triton(gu):
             from mtpserve.kernels.gemv_triton import fused_input_fits
 
             if fused_input_fits(gu, self.down_proj.weight, norm=False):
