@@ -215,16 +215,15 @@ def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
     if swiglu and (bias is not None or N % 2):
         raise ValueError(f"gemv_stream: SwiGLU takes an even number of rows without bias (N {N})")
     if norm and (block_k != K or silu_input or norm.residual.shape != x.shape
-                 or norm.residual_out.shape != x.shape or norm.weight.shape != (K,)):
+                 or norm.residual_out.shape != x.shape or norm.weight.shape != (K,)
+                 or not norm.residual_out.is_contiguous()):
         raise ValueError(f"gemv_stream: a NormInput needs one chunk of all K = {K} inputs "
-                         f"(block_k {block_k}) and residuals [1, K]")
+                         f"(block_k {block_k}) and residuals [1, K], residual_out contiguous")
     x = x.contiguous()
     blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
     y = torch.empty(1, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
-    if norm and not norm.residual_out.is_contiguous():
-        raise ValueError("gemv_stream: NormInput.residual_out must be contiguous")
     r, nw, ro, eps = ((norm.residual.contiguous(), norm.weight, norm.residual_out, norm.eps)
                       if norm else (x, x, x, 0.0))
     _stream_kernel[(min(programs, blocks),)](
