@@ -42,8 +42,8 @@
 #   products' GPU tests and the 1.7B / 135M steps with and without); stream (the streamed
 #   one-row product's GPU tests, the 1.7B / 8B / 135M steps with and without it and its fused
 #   inputs; session 23's run 3 also timed the o product merging the attention, since removed);
-#   final (session 23's last check: the stream GPU tests, the 1.7B and 8B steps); qk (the q/k
-#   norms, RoPE and K/V write inside the attention at one token: its GPU test, the steps).
+#   final (session 23's last check: the stream GPU tests, the 1.7B and 8B steps). Session 24's
+#   qk timed the q/k norms, RoPE and K/V write inside the attention at one token, since removed.
 # The whole GPU test file takes ~4-5 minutes on the H200 (the attention tests ~2): give it room.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -92,12 +92,6 @@ stream)   # session 23: the streamed one-row product's GPU tests (with fused inp
   timeout 400 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m --compare recaptured \
     no_fused_inputs no_stream recaptured \
     --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -20
-  ;;
-qk)       # the q/k norms, RoPE and K/V write inside the attention at one token: GPU test, steps
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "qk_norms_rope or stream or preloaded" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured \
-    mtpserve.kernels.paged_attention_triton:QK_IN_ATTENTION:True recaptured \
-    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -10
   ;;
 final)    # session 23's last check of the tree
   timeout 120 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4

@@ -44,26 +44,3 @@ def test_paged_attention_of_no_tokens():
     """No query tokens (no (token, KV head) pair to size the grid by): an empty [0, Hq, D] output
     with the default grid as with a given one, not a division by zero."""
     assert json.loads(run_interpreted(_EMPTY)) == [[0, 4, 16]] * 3
-
-
-_QK_IN_ATTENTION = """
-import fused_kernel_check as f
-import attention_check
-from mtpserve.kernels import paged_attention_triton as pa
-cases = attention_check.check_qk_in_attention("cpu")
-calls = []
-plain = pa.paged_attention_triton
-pa.paged_attention_triton = (
-    lambda *a, **kw: calls.append(kw.get("qk") is not None) or plain(*a, **kw))
-pa.QK_IN_ATTENTION = True
-f.check_model_forward("cpu")
-print("RESULT", cases, sum(calls), len(calls))
-"""
-
-
-def test_qk_norms_rope_and_kv_write_inside_the_attention_under_triton_interpreter():
-    """paged_attention_triton(qk=...) (QK_IN_ATTENTION): check_qk_in_attention("cpu") of
-    tests/attention_check.py, 8 cases bit-equal to qk_norm_rope_kv_write then the attention
-    (output and KV caches); then a tiny Qwen3's 3 decode steps through it (2 layers: 6 attention
-    calls, all taking the q/k work) within check_model_forward's bounds of the CPU path."""
-    assert run_interpreted(_QK_IN_ATTENTION, timeout=300).split() == ["8", "6", "6"]

@@ -858,24 +858,3 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     rel = ((fused_out[0] - unfused[0]).norm() / unfused[0].norm()).item()
     assert rel < 1e-2, rel
     assert fused_out[1:] == unfused[1:]
-
-
-def test_qk_norms_rope_and_kv_write_inside_the_attention(tmp_path):
-    """paged_attention_triton.QK_IN_ATTENTION: tests/attention_check.py's check in bfloat16
-    (the 1.7B's heads: output and KV caches bit-equal to qk_norm_rope_kv_write then the
-    attention, 8 cases); then a tiny Qwen3's greedy tokens through CUDA graphs (one request:
-    one-token steps take it; two: not) the same with it on and off."""
-    import sys
-    sys.path.insert(0, "tests")
-    import attention_check
-    from mtpserve.kernels import paged_attention_triton as pa
-
-    assert attention_check.check_qk_in_attention("cuda") == 8
-    llm = _tiny_qwen3_llm(tmp_path)
-    prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
-
-    def outputs(on):
-        with _switched(llm, pa, "QK_IN_ATTENTION", on):
-            return _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24)
-
-    assert outputs(True) == outputs(False)

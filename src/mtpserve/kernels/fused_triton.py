@@ -12,8 +12,6 @@ the unfused path (a fused kernel rounds wherever the chain of unfused ops it rep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -322,23 +320,6 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
         BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered,
         **pdl.launch(qkv))
     return q
-
-
-@dataclass
-class QKRope:
-    """The operands of :func:`qk_norm_rope_kv_write` for a kernel that does its work itself
-    (``paged_attention_triton(qk=...)``: the attention of one token, whose programs norm and
-    rotate their query heads and write the token's K/V before they attend). Fields as that
-    function's arguments; the KV caches are the attention's own."""
-    qkv: torch.Tensor
-    positions: torch.Tensor
-    cos: torch.Tensor
-    signed_sin: torch.Tensor
-    slot_mapping: torch.Tensor
-    q_weight: torch.Tensor | None = None
-    k_weight: torch.Tensor | None = None
-    eps: float = 1e-6
-    zero_centered: bool = False
 
 
 def _check_qkv_layout(qkv, width, rot, D, k_cache, v_cache, num_kv_heads, q_weight, k_weight):

@@ -15,13 +15,11 @@ per (token, KV head) that runs its partitions one after another and merges them 
 program is launched for a partition past the context and no merge kernel runs. (The last of
 a pair's parallel programs merging them, counted by kernels/arrival.py, in place of the merge
 kernel was slower on the H200, one query head after another or all at once, and the latter
-compiled in seconds: BENCHMARKS.md, session 20.) For one token (a batch-1 decode step) the
-partial kernel can also do the q/k norms, RoPE and K/V cache write of
-``fused_triton.qk_norm_rope_kv_write`` first (``qk``; ``QK_IN_ATTENTION``, off until measured):
-every program norms and rotates its query heads into the q scratch, the one running the last
-live partition (the only one that reads the new position) writes the token's K/V, and a block
-barrier makes the stores visible before the loop; the same bits as the two kernels (CPU
-interpreter check). The plain-PyTorch reference is ``paged_attention.py``."""
+compiled in seconds: BENCHMARKS.md, session 20.) The partial kernel doing a one-token step's
+q/k norms, RoPE and K/V write itself (one kernel fewer a layer) was measured and removed: no
+faster on the H200, a batch-1 Qwen3-1.7B step 1.302 ms with it against 1.303-1.304 without, an
+8B one 4.033 against 3.988-3.990 (1.1% slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds
+the code). The plain-PyTorch reference is ``paged_attention.py``."""
 
 from __future__ import annotations
 
@@ -32,8 +30,6 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels import pdl
-from mtpserve.kernels.fused_triton import (QKRope, _check_qkv_layout, _norm_rope_head,
-                                           kv_head_write)
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
@@ -43,11 +39,6 @@ MIN_P_PAD = 16   # partitions a merge is compiled for, at least
 # SM; below, the partitions of a pair run in parallel programs (up to PROGRAMS_PER_SM per SM)
 SELF_MERGE_PROGRAMS_PER_SM = 2
 PROGRAMS_PER_SM = 4
-# on: a one-token step's attention does its q/k norms, RoPE and K/V write itself
-# (``paged_attention_triton(qk=...)``; models/llama.py), one kernel fewer a layer; off until
-# measured on the GPU (benchmarks/gpu_decode.py --compare
-# mtpserve.kernels.paged_attention_triton:QK_IN_ATTENTION:True)
-QK_IN_ATTENTION = False
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
 
@@ -60,13 +51,10 @@ TILE = 64
                             pointers=("tables_ptr", "row_ptr", "len_ptr")))
 def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
                     o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
-                    qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, s_qkv, s_qh,
-                    k_off, v_off, s_rope, eps,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     P_PAD: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
                     TILE: tl.constexpr, SELF_MERGE: tl.constexpr, PRECISION: tl.constexpr,
-                    QK: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
-                    ZERO_CENTERED: tl.constexpr, PDL: tl.constexpr):
+                    PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
     h = tl.program_id(1)
@@ -75,21 +63,6 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     # the context is spread evenly over the partitions, whole tiles each: a short context keeps
     # its few tiles apart in parallel programs, a long one uses every partition
     span, live = _spread(n, num_parts, TILE)
-    if QK:   # q/k norms + RoPE + this token's K/V write here (one token: paged_attention_triton)
-        pos = tl.load(pos_ptr + t)
-        src = qkv_ptr + t * s_qkv
-        cos_row, sin_row = cos_ptr + pos * s_rope, sin_ptr + pos * s_rope
-        for j in tl.static_range(G):   # every program of the pair writes the same q values
-            _norm_rope_head(src + (h * G + j) * s_qh, q_ptr + t * sq_t + (h * G + j) * sq_h,
-                            qw_ptr, cos_row, sin_row, eps, D, HALF, D_PAD, HAS_NORM,
-                            ZERO_CENTERED)
-        slot = tl.load(slot_ptr + t).to(tl.int64)
-        # the program running the last live partition, the only one to read the token's K/V
-        if (tl.program_id(2) == (live - 1) % tl.num_programs(2)) & (slot >= 0):
-            kv_head_write(src, k_off, v_off, h, k_ptr + slot * sk_s, v_ptr + slot * sk_s, sk_h,
-                          kw_ptr, cos_row, sin_row, eps, D, HALF, D_PAD, HAS_NORM,
-                          ZERO_CENTERED)
-        tl.debug_barrier()   # the block's q and K/V stores visible to all its threads
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     gmask = g < G
@@ -204,8 +177,7 @@ def _spread(n, num_parts, TILE: tl.constexpr):
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, table_row: torch.Tensor,
                            kv_len: torch.Tensor, scale: float, block_size: int,
-                           part_size: int, grid_parts: int | None = None,
-                           qk: QKRope | None = None) -> torch.Tensor:
+                           part_size: int, grid_parts: int | None = None) -> torch.Tensor:
     """Attention of ``q`` [T, Hq, D] over paged K/V caches [slots, Hkv, D].
 
     Args:
@@ -216,9 +188,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 merges in
             the program, more run partitions side by side and merge in a second kernel. The
             output's bits do not depend on it.
-        qk: one token (T = 1) whose q/k norms, RoPE and K/V cache write
-            (``fused_triton.qk_norm_rope_kv_write``) the partial kernel does first, one kernel
-            fewer (``QK_IN_ATTENTION``); ``q`` is then scratch [1, Hq, D] it writes.
 
     Returns:
         [T, Hq, D] in q's dtype.
@@ -241,36 +210,15 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _partial_kernel[(T, Hkv, grid_parts)](
         q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), num_parts, *_qk_args(qk, q, k_cache, v_cache), G=G,
+        out.stride(0), out.stride(1), num_parts, G=G,
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad, P_PAD=p_pad,
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
         SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
-        QK=qk is not None, HALF=qk.cos.shape[1] // 2 if qk else 1,
-        HAS_NORM=qk is not None and qk.q_weight is not None,
-        ZERO_CENTERED=bool(qk and qk.zero_centered), **pdl.launch(q))
+        **pdl.launch(q))
     if grid_parts > 1:
         _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
                                P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))
     return out
-
-
-def _qk_args(qk: QKRope | None, q: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor) -> tuple:
-    """The partial kernel's q/k-norm + RoPE + K/V-write operands (placeholders without ``qk``);
-    ``ValueError`` for more than one token or operands that do not fit together."""
-    if qk is None:
-        return (q, q, q, q, q, q, q, 0, 0, 0, 0, 0, 0.0)
-    T, Hq, D = q.shape
-    Hkv = k_cache.shape[1]
-    if T != 1 or not q.is_contiguous():
-        raise ValueError(f"paged attention takes its q/k norms and K/V write for one token, "
-                         f"got {T}")
-    _check_qkv_layout(qk.qkv, (Hq + 2 * Hkv) * D, qk.cos.shape[1], D, k_cache, v_cache, Hkv,
-                      qk.q_weight, qk.k_weight)
-    w = qk.q_weight if qk.q_weight is not None else qk.cos
-    kw = qk.k_weight if qk.k_weight is not None else qk.cos
-    return (qk.qkv, qk.positions, qk.slot_mapping, qk.cos, qk.signed_sin, w, kw,
-            qk.qkv.stride(0), D, Hq * D, (Hq + Hkv) * D, qk.cos.stride(0), qk.eps)
 
 
 def _grid_parts(device: torch.device, pairs: int) -> int:

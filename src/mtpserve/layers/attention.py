@@ -31,15 +31,6 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
 
-    def takes_qk(self, x: torch.Tensor, batch: ForwardBatch) -> bool:
-        """Whether :meth:`attend` takes the q/k norms, RoPE and K/V write of this step
-        (``paged_attention_triton.QK_IN_ATTENTION``): one token (``x`` [1, ...]) on the Triton
-        path."""
-        from mtpserve.kernels import paged_attention_triton as pa
-
-        return (pa.QK_IN_ATTENTION and x.shape[0] == 1
-                and isinstance(batch.attn, TritonAttentionMetadata) and use_triton(x))
-
     def kv_cache(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's (K, V) cache tensors in ``batch``'s pool, each [num_slots, Hkv, D]."""
         return batch.kv_caches[self.layer_idx]
@@ -53,23 +44,18 @@ class Attention(nn.Module):
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         return self.attend(q, batch)
 
-    def attend(self, q: torch.Tensor, batch: ForwardBatch, qk=None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Attention of ``q`` ([T, Hq, D] or [T, Hq*D]) over the cache, which must already hold
-        this step's K/V at ``batch.slot_mapping``; returns [T, Hq*D] in q's dtype. ``qk``
-        (``fused_triton.QKRope``, where :meth:`takes_qk` holds): the kernel writes q (scratch
-        here) and the token's K/V itself first."""
+        this step's K/V at ``batch.slot_mapping``; returns [T, Hq*D] in q's dtype."""
         T = q.shape[0]
         q = q.reshape(T, self.num_heads, self.head_dim)
         k_cache, v_cache = self.kv_cache(batch)
         m = batch.attn
-        if qk is not None and not self.takes_qk(q, batch):
-            raise ValueError("attention takes the q/k norms and K/V write only for one token "
-                             "on the Triton path")
         if isinstance(m, TritonAttentionMetadata) and use_triton(q):
             from mtpserve.kernels.paged_attention_triton import paged_attention_triton
 
             out = paged_attention_triton(q, k_cache, v_cache, m.block_tables, m.table_row,
-                                         m.kv_len, self.scale, m.block_size, m.part_size, qk=qk)
+                                         m.kv_len, self.scale, m.block_size, m.part_size)
         elif isinstance(m, TritonAttentionMetadata):
             out = per_token_attention_ref(q, k_cache, v_cache, m, self.scale)
         else:

@@ -53,10 +53,7 @@ class LlamaAttention(nn.Module):
         [T, hidden]; ``rope`` from ``RotaryEmbedding.lookup``. Writes this step's K/V into the
         layer's cache in ``batch``."""
         qkv = self.qkv_proj(x)
-        if use_triton(qkv) and self.attn.takes_qk(qkv, batch):   # one token: in one kernel
-            q = qkv.new_empty(1, self.attn.num_heads, self.head_dim)
-            out = self.attn.attend(q, batch, qk=self._qk_rope(qkv, rope[2], batch))
-        elif use_triton(qkv):
+        if use_triton(qkv):
             out = self.attn.attend(self._fused_qk_rope_kv(qkv, rope[2], batch), batch)
         else:
             out = self._qk_rope_attend(qkv, rope, batch)
@@ -83,14 +80,6 @@ class LlamaAttention(nn.Module):
             qkv, self.attn.num_heads, self.attn.num_kv_heads, self.head_dim, positions,
             self.rotary.cos, self.rotary.signed_sin, k_cache, v_cache, batch.slot_mapping,
             **self._qk_norms())
-
-    def _qk_rope(self, qkv: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch):
-        """The same work as :meth:`_fused_qk_rope_kv` as operands for the attention kernel to
-        do first (``fused_triton.QKRope``)."""
-        from mtpserve.kernels.fused_triton import QKRope
-
-        return QKRope(qkv, positions, self.rotary.cos, self.rotary.signed_sin,
-                      batch.slot_mapping, **self._qk_norms())
 
     def _qk_norms(self) -> dict:
         """Qwen3's q/k RMSNorm operands (none for models without them)."""
