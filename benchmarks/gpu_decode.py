@@ -182,6 +182,7 @@ def named_switches() -> dict:
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_preload": (gemv_triton, "PRELOAD", False),
                 "no_stream": (gemv_triton, "STREAM", False),
+                "one_row_stream": (gemv_triton, "STREAM_ROWS", 1),
                 "no_fused_inputs": (gemv_triton, "FUSED_INPUTS", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
 

@@ -20,6 +20,7 @@ import json
 
 import torch
 
+from mtpserve.kernels.gemv_stream_triton import MAX_ROWS as MAX_STREAM_ROWS
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count
 from mtpserve.kernels.gemv_triton import gemv, tile_config
 
@@ -72,8 +73,10 @@ def _too_split(k: int, block_k: int, split: int) -> bool:
 
 def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
     """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight
-    (``streams``: also these (block_n, block_k, warps, programs per SM) of the streamed one-row
-    product, kernels/gemv_stream_triton.py, at one row)."""
+    (``streams``: also these (block_n, block_k, warps, programs per SM) of the streamed product,
+    kernels/gemv_stream_triton.py, each program held to its share of the SM's registers as
+    gemv_triton streams them). ``tiles_us``: the default tiles (``tile_config``) where ``gemv``
+    streams by default."""
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -82,6 +85,9 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
            "cublas_us": graph_time(lambda i: torch.mm(x, ws[i % copies].t())),
            "default": tile_config(n, k, m)}
     res["default_us"] = graph_time(lambda i: gemv(x, ws[i % copies]))
+    tiles = {a: b for a, b in res["default"].items() if a != "preload"}   # tiles, not streamed
+    res["tiles_us"] = graph_time(lambda i: gemv(x, ws[i % copies], **tiles,
+                                                preload=res["default"]["preload"]))
     best, res["all"] = None, []
     for bn, bk, warps, stages, split, *preload in configs:
         if _too_split(k, bk, split):
@@ -100,11 +106,12 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
         res["all"].append([bn, bk, warps, stages, kw["split_k"], *preload, round(t, 3)])
         if best is None or t < best[0]:
             best = (t, kw)
-    if m == 1:
+    if m <= MAX_STREAM_ROWS:
         for bn, bk, warps, per_sm in streams:
             if k % bk:
                 continue
-            kw = dict(block_n=bn, block_k=bk, num_warps=warps, programs=per_sm * sm_count(0))
+            kw = dict(block_n=bn, block_k=bk, num_warps=warps, programs=per_sm * sm_count(0),
+                      maxnreg=min(65536 // (per_sm * 32 * warps) // 8 * 8, 255))
             out = gemv_stream(x, ws[0], **kw)
             err = ((out.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (kw, err)
@@ -152,7 +159,7 @@ def main() -> None:
                     help="also these preloaded tiles (gemv(preload=MODE), the reduction split "
                          "into tiles of BK)")
     ap.add_argument("--stream", nargs="+", default=[], metavar="BN,BK,WARPS,PER_SM",
-                    help="also the streamed one-row product (gemv_stream) with these units, "
+                    help="also the streamed product (gemv_stream, 1 to 4 rows) with these units, "
                          "warps and programs per SM")
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
                     help="compile all configurations in this many processes first")
@@ -173,7 +180,8 @@ def main() -> None:
             with open(a.json, "w") as f:
                 json.dump(results, f, indent=1)
         bw = lambda us: r["gb"] / us * 1e6  # noqa: E731  GB/s
-        dflt = f"default {r['default_us']:7.2f} us ({bw(r['default_us']):5.0f} GB/s)"
+        dflt = (f"default {r['default_us']:7.2f} us ({bw(r['default_us']):5.0f} GB/s), "
+                f"tiles {r['tiles_us']:7.2f}")
         print(f"rows {m:2} N {n:6} K {k:5}: cuBLAS {r['cublas_us']:7.2f} us "
               f"({bw(r['cublas_us']):5.0f} GB/s)  {dflt}  best {r['best_us']:7.2f} us "
               f"({bw(r['best_us']):5.0f} GB/s) {r['best']}", flush=True)

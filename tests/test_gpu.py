@@ -444,22 +444,27 @@ def test_gated_delta_rule_kernels_match_reference():
                                   (151936, 2048), (1, 2048), (513, 100)])
 def test_gemv_matches_cublas_and_is_row_invariant(n, k):
     """The skinny Triton product against a float32 reference, with bias and float32 output; a
-    row gives the same bits whatever the number of rows beside it from two rows up (verify), and
-    at one row (decode) too where one row takes the same tiles (neither preloaded nor streamed:
-    kernels/gemv_triton.py's module doc)."""
-    from mtpserve.kernels.gemv_triton import MAX_ROWS, gemv, stream_fits, tile_config
+    row gives the same bits whatever the number of rows beside it, among the row counts that
+    take the same kernel and tiles (kernels/gemv_triton.py's module doc: preloaded tiles or
+    streamed units at one row, streamed units of STREAM_UNITS_ROWS at 2 to 4, pipelined tiles
+    past that or where those do not apply)."""
+    from mtpserve.kernels.gemv_triton import MAX_ROWS, gemv, stream_config, tile_config
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
     b = torch.randn(n, device="cuda", generator=g).bfloat16()
     x = torch.randn(MAX_ROWS, k, device="cuda", generator=g).bfloat16()
     ref = x.float() @ w.float().t() + b.float()
-    outs = {m: gemv(x[:m], w, b, out_dtype=torch.float32) for m in (1, 2, 4, MAX_ROWS)}
+    outs = {m: gemv(x[:m], w, b, out_dtype=torch.float32) for m in (1, 2, 3, 4, 5, MAX_ROWS)}
+
+    def kernel(m):
+        return str(stream_config(m, n, k) or tile_config(n, k, m))
+
     for m, out in outs.items():
         assert ((out - ref[:m]).norm() / ref[:m].norm()).item() < 1e-5
-        assert torch.equal(out[0], outs[2][0]) or m == 1
-    one_row_tiles = not (tile_config(n, k, 1)["preload"] or stream_fits(1, n, k))
-    assert torch.equal(outs[1][0], outs[2][0]) or not one_row_tiles
+        same = [m2 for m2 in outs if kernel(m2) == kernel(m)]
+        assert all(torch.equal(out[0], outs[m2][0]) for m2 in same), (m, same)
+    assert kernel(5) == kernel(MAX_ROWS)   # at least one pair compared
     y = gemv(x[:3], w, b)
     assert y.dtype == torch.bfloat16
     assert ((y.float() - ref[:3]).norm() / ref[:3].norm()).item() < 1e-2
@@ -783,13 +788,14 @@ def test_preloaded_product_tiles(tmp_path):
     assert preloaded[1:] == pipelined[1:]
 
 
-def test_streamed_one_row_products(tmp_path, monkeypatch):
-    """gemv_triton.STREAM (one-row products of more than one wave streamed in one wave,
+def test_streamed_products(tmp_path, monkeypatch):
+    """gemv_triton.STREAM (products of 1 to 4 rows streamed in one wave,
     kernels/gemv_stream_triton.py): tests/gemv_check.py's check in bfloat16 at the 1.7B q/k/v,
-    gate/up and down and the 8B q/k/v shapes; then a tiny Qwen3 with preloaded tiles off, whose
-    o and down products (K = 2048) then stream at one row (seen in the batch-1 graph's
-    capture): the logits of a one-token prefill (graphed) within 1% of the tiled products',
-    and the same greedy tokens through CUDA graphs (one request: one-row steps; two: tiles)."""
+    gate/up and down and the 8B q/k/v shapes, 1 to 4 rows; then a tiny Qwen3 with preloaded
+    tiles off, whose o and down products (K = 2048) then stream at one row (seen in the batch-1
+    graph's capture): the logits of a one-token prefill (graphed) within 1% of the tiled
+    products', and the same greedy tokens through CUDA graphs (one request: one-row steps; two:
+    two-row steps) with STREAM on and off."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -823,12 +829,13 @@ def test_streamed_one_row_products(tmp_path, monkeypatch):
 
 def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     """gemv_triton.FUSED_INPUTS: tests/gemv_check.py's check in bfloat16 (1.7B down with
-    SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm: 5 cases); then a
+    SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm, 1 and 3 rows: 9
+    cases); then a
     two-layer Qwen3 of the 1.7B's widths (hidden 2048, intermediate 6144), whose one-row q/k/v
     and gate/up products take the norm in front (but layer 0's q/k/v: no residual yet) and down
     products SiLU-and-mul: the fused products seen in the batch-1 graph's capture, the logits of
     a one-token prefill within 1% of the unfused ones, and the same greedy tokens through CUDA
-    graphs (one request: one-row steps; two: tiles) with FUSED_INPUTS on and off."""
+    graphs (one request: one-row steps; two: two-row steps) with FUSED_INPUTS on and off."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -836,7 +843,7 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
 
     from mtpserve.kernels import gemv_triton
 
-    assert gemv_check.check_stream_fused_inputs("cuda") == 5
+    assert gemv_check.check_stream_fused_inputs("cuda") == 9
     llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
                           intermediate_size=6144)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
