@@ -68,3 +68,45 @@ def check_paged_attention(device: str, hq: int, hkv: int, d: int, dtype: str,
         for grid in (1, parts):   # a token alone: the bits it gets in the batch
             assert torch.equal(attend(q[5:6], rows[5:6], kv_len[5:6], part, grid), out[5:6])
     return worst
+
+
+def check_early_kv(device: str, hq: int, hkv: int, d: int, dtype: str) -> int:
+    """``paged_attention_triton.EARLY_KV``: the first tile of keys and values loaded before the
+    PDL wait, the last T positions of each context (this step's own K/V) again after it. With
+    the early loads reading a copy of the caches whose step positions (the last ``qlens`` of
+    each sequence) hold other values, the output is bit-equal to EARLY_KV off, for the grids
+    that run partitions in parallel (two, one per partition, the default); the copy changed at
+    an older position changes the output (the early loads are the ones used). Returns the
+    number of cases compared."""
+    from mtpserve.kernels import paged_attention_triton as pa
+
+    dt = getattr(torch, dtype)
+    bs = 16
+    qlens, slens = [1, 4, 1, 3], [70, 300, 17, 33]
+    blocks = sum(-(-s // bs) for s in slens) + 4
+    q, k, v, tables, rows, kv_len = _case(device, hq, hkv, d, dt, qlens, slens, bs, blocks, 7)
+    stale_k, stale_v = k.clone(), v.clone()
+    for b, (ql, s) in enumerate(zip(qlens, slens)):
+        pos = torch.arange(s - ql, s, device=device)
+        slots = tables[b, pos // bs].long() * bs + pos % bs
+        stale_k[slots] = 1e3
+        stale_v[slots] = -1e3
+    def attend(part, grid, early, caches=(stale_k, stale_v)):
+        pa.EARLY_KV = early
+        return pa.paged_attention_triton(q, k, v, tables, rows, kv_len, d ** -0.5, bs, part,
+                                         grid, early_kv=caches if early else None)
+
+    cases = 0
+    saved = pa.EARLY_KV
+    try:
+        for part in (64, 256):
+            parts = -(-tables.shape[1] * bs // part)
+            for grid in (None, 2, parts):
+                assert torch.equal(attend(part, grid, True), attend(part, grid, False))
+                cases += 1
+        older = stale_k.clone()
+        older[tables[1, 0].long() * bs] += 1.0   # position 0 of sequence 1, read early
+        assert not torch.equal(attend(64, 2, True, (older, stale_v)), attend(64, 2, False))
+    finally:
+        pa.EARLY_KV = saved
+    return cases

@@ -44,3 +44,18 @@ def test_paged_attention_of_no_tokens():
     """No query tokens (no (token, KV head) pair to size the grid by): an empty [0, Hq, D] output
     with the default grid as with a given one, not a division by zero."""
     assert json.loads(run_interpreted(_EMPTY)) == [[0, 4, 16]] * 3
+
+
+_EARLY = """
+import attention_check
+print("RESULT", attention_check.check_early_kv("cpu", 4, 2, 32, "float32"))
+"""
+
+
+def test_early_kv_attention_under_triton_interpreter():
+    """check_early_kv("cpu", Hq 4, Hkv 2, D 32) of tests/attention_check.py: with
+    paged_attention_triton.EARLY_KV the loads before the PDL wait read a copy of the caches
+    whose step positions hold other values, and the output is bit-equal to EARLY_KV off for 4
+    sequences of 1 to 4 query tokens at partitions of 64 and 256 keys and three grids (6
+    cases); a changed older position is seen."""
+    assert int(run_interpreted(_EARLY)) == 6

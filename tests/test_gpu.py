@@ -25,6 +25,54 @@ def test_triton_paged_attention_matches_reference(hq, hkv, d, dtype):
     assert set(worst) == {64, 256}
 
 
+@pytest.mark.parametrize("hq, hkv, d", [(16, 8, 128), (16, 2, 256)])
+def test_early_kv_attention_gives_the_same_bits(hq, hkv, d):
+    """paged_attention_triton.EARLY_KV in bfloat16 (tests/attention_check.py): with the loads
+    before the PDL wait reading caches whose step positions hold other values, the same bits as
+    without, at every parallel grid (6 cases); an older position changed is seen."""
+    import sys
+    sys.path.insert(0, "tests")
+    import attention_check
+
+    assert attention_check.check_early_kv("cuda", hq, hkv, d, "bfloat16") == 6
+
+
+def test_early_kv_attention_in_a_model_under_pdl(tmp_path, monkeypatch):
+    """A tiny Qwen3 (two layers, 4 KV heads of 128) through CUDA graphs with PDL, decode (one
+    and two requests) and the K/V written by the kernel just before each attention: the greedy
+    tokens and their logprobs exactly the same with paged_attention_triton.EARLY_KV on and off
+    (a race on the step's own K/V would change them), and partial kernels launched with EARLY
+    in the graphs captured when it is on (not the many-token graphs whose programs merge their
+    own partitions), none when it is off."""
+    from mtpserve import SamplingParams
+    from mtpserve.kernels import paged_attention_triton as pa
+
+    llm = _tiny_qwen3_llm(tmp_path)
+    prompts = [[5, 9, 33, 2, 71] * 20, list(range(2, 140))]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=1)
+    early, real = [], pa._partial_kernel
+
+    class Spy:   # records each launch's EARLY
+        def __getitem__(self, grid):
+            return lambda *a, **kw: early.append(kw["EARLY"]) or real[grid](*a, **kw)
+
+    monkeypatch.setattr(pa, "_partial_kernel", Spy())
+
+    def outputs(on):
+        with _switched(llm, pa, "EARLY_KV", on):
+            assert (True in early) == on, early   # the graphs' captures (few tokens)
+            res = [llm.generate(prompts[:1], params), llm.generate(prompts, params)]
+            del early[:]
+            return [[(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs])
+                     for o in r] for r in res]
+
+    del early[:]
+    off = outputs(False)
+    del early[:]
+    on = outputs(True)
+    assert on == off
+
+
 def _greedy(llm, prompts, n=48):
     from mtpserve import SamplingParams
 

@@ -19,7 +19,17 @@ compiled in seconds: BENCHMARKS.md, session 20.) The partial kernel doing a one-
 q/k norms, RoPE and K/V write itself (one kernel fewer a layer) was measured and removed: no
 faster on the H200, a batch-1 Qwen3-1.7B step 1.302 ms with it against 1.303-1.304 without, an
 8B one 4.033 against 3.988-3.990 (1.1% slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds
-the code). The plain-PyTorch reference is ``paged_attention.py``."""
+the code).
+
+Loads before the PDL wait (``EARLY_KV``, off until measured): under PDL (kernels/pdl.py) a kernel
+may start while the one before it runs, but every kernel before that one has finished, since that
+one let it launch only after its own wait. The kernel before the attention writes q and this
+step's K/V (or computes q); the lengths, block tables and older K/V come from earlier kernels or
+steps. So where partitions run in parallel programs (few tokens), each program loads its
+token's length and block-table row and its first tile's keys and values before the wait, and
+after it q and, again, the keys and values of the tile's positions among the context's last T
+(T: the tokens of the launch, at least the step's new tokens in any one sequence). The bits are
+those without it. The plain-PyTorch reference is ``paged_attention.py``."""
 
 from __future__ import annotations
 
@@ -41,25 +51,35 @@ SELF_MERGE_PROGRAMS_PER_SM = 2
 PROGRAMS_PER_SM = 4
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
+# on: partitions run in parallel programs load their first tile of keys and values before the
+# PDL wait (module doc; off until measured on the H200), then at EARLY_NUM_WARPS warps: the tile
+# held across the wait spills at 4 (sm_90 ptxas, head_dim 128: 280 bytes at 255 registers; 177
+# registers and none at 8)
+EARLY_KV = False
+NUM_WARPS = 4
+EARLY_NUM_WARPS = 8
 
 
 # Sizes and views that change from step to step are not specialized on (kernels/jit_options.py):
 # a block table's width ``s_tab``, the partition count, and the alignment of the block-table and
 # length views made the MTP's first catch-ups at 64 requests compile at use (H200, 0.6-0.7 s
 # each, benchmarks/gpu_mtp_load.py).
-@triton.jit(**unspecialized(ints=("s_tab", "num_parts"),
+@triton.jit(**unspecialized(ints=("s_tab", "num_parts", "fresh"),
                             pointers=("tables_ptr", "row_ptr", "len_ptr")))
-def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
-                    o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
+def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, len_ptr, m_ptr,
+                    l_ptr, acc_ptr, o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h,
+                    num_parts, fresh,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     P_PAD: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
                     TILE: tl.constexpr, SELF_MERGE: tl.constexpr, PRECISION: tl.constexpr,
-                    PDL: tl.constexpr):
-    pdl_wait(PDL)
+                    EARLY: tl.constexpr, PDL: tl.constexpr):
+    if not EARLY:
+        pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
     h = tl.program_id(1)
     n = tl.load(len_ptr + t)
     row = tl.load(row_ptr + t).to(tl.int64)
+    table = tables_ptr + row * s_tab
     # the context is spread evenly over the partitions, whole tiles each: a short context keeps
     # its few tiles apart in parallel programs, a long one uses every partition
     span, live = _spread(n, num_parts, TILE)
@@ -67,15 +87,28 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
     d = tl.arange(0, D_PAD)
     gmask = g < G
     dmask = d < D
+    p0 = tl.program_id(2)
+    if EARLY:   # this program's first tile before the wait (module doc), its fresh keys after
+        pos = p0 * span + tl.arange(0, TILE)
+        end = tl.minimum(n, p0 * span + span)
+        k0, v0 = _tile_kv(ke_ptr, ve_ptr, table, pos, pos < end, sk_s, h * sk_h, d, dmask, BLOCK)
+        pdl_wait(PDL)
+        new = (pos < end) & (pos >= n - fresh)
+        k1, v1 = _tile_kv(k_ptr, v_ptr, table, pos, new, sk_s, h * sk_h, d, dmask, BLOCK)
+        k0 = tl.where(new[:, None], k1, k0)
+        v0 = tl.where(new[:, None], v1, v0)
+    else:   # not used
+        k0 = tl.zeros([TILE, D_PAD], k_ptr.dtype.element_ty)
+        v0 = k0
     q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0).to(k_ptr.dtype.element_ty)
     heads = t * tl.num_programs(1) * G + h * G + g             # [G_PAD] flat query heads
     # program p of the grid's third axis takes partitions p, p + grid, ...: the same partitions
     # and the same bits for any grid (the grid only sets how many run side by side)
-    for p in range(tl.program_id(2), live, tl.num_programs(2)):
+    for p in range(p0, live, tl.num_programs(2)):
         first = p * span
-        m, l, acc = _partition(q, k_ptr, v_ptr, tables_ptr + row * s_tab, first,
-                               tl.minimum(n, first + span), scale, sk_s, h * sk_h, d, dmask,
+        m, l, acc = _partition(q, k_ptr, v_ptr, table, first, tl.minimum(n, first + span),
+                               scale, sk_s, h * sk_h, d, dmask, k0, v0, p == p0, EARLY,
                                G_PAD, D_PAD, BLOCK, PART, TILE, PRECISION)
         if live == 1:   # one partition holds the whole context: no merge needed
             o = acc / l[:, None]
@@ -96,12 +129,28 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_
 
 
 @triton.jit
-def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dmask,
-               G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr,
-               PART: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr):
+def _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask, BLOCK: tl.constexpr):
+    """Keys and values [TILE, D_PAD] (the cache's dtype) of context positions ``pos`` where
+    ``valid`` (zeros elsewhere): every key's block id and slot at once, so the loads of a tile
+    do not wait on each other."""
+    blk = tl.load(table + pos // BLOCK, mask=valid, other=0)
+    slot = blk.to(tl.int64) * BLOCK + pos % BLOCK
+    kv_mask = valid[:, None] & dmask[None, :]
+    kv_off = slot[:, None] * sk_s + head_off + d[None, :]
+    return (tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0),
+            tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0))
+
+
+@triton.jit
+def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dmask, k0, v0,
+               at_k0, EARLY: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+               BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr,
+               PRECISION: tl.constexpr):
     """Online softmax (Milakov & Gimelshein 2018) of ``q`` [G_PAD, D_PAD] over context
     positions ``first .. end`` (``table``: the sequence's block-table row); returns the running
-    max m [G_PAD], denominator l [G_PAD] and unnormalised output acc [G_PAD, D_PAD] (float32)."""
+    max m [G_PAD], denominator l [G_PAD] and unnormalised output acc [G_PAD, D_PAD] (float32).
+    With EARLY, where ``at_k0``, the first tile's keys and values are ``k0`` / ``v0`` [TILE,
+    D_PAD], loaded already."""
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -109,15 +158,16 @@ def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dma
         if first + i < end:  # tiles past the context are skipped
             pos = first + i + tl.arange(0, TILE)
             valid = pos < end
-            # every key's block id and slot at once: the loads of a tile do not wait on each other
-            blk = tl.load(table + pos // BLOCK, mask=valid, other=0)
-            slot = blk.to(tl.int64) * BLOCK + pos % BLOCK
-            kv_mask = valid[:, None] & dmask[None, :]
-            kv_off = slot[:, None] * sk_s + head_off + d[None, :]
             # the cache's own dtype into the dots (float32 accumulation): keeps a tile's keys and
             # values in registers at head_dim 256
-            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+            if EARLY:
+                if at_k0 & (i == 0):
+                    k, v = k0, v0
+                else:
+                    k, v = _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask,
+                                    BLOCK)
+            else:
+                k, v = _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask, BLOCK)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale       # [G_PAD, TILE]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))   # finite: the tile has a valid key
@@ -177,8 +227,15 @@ def _spread(n, num_parts, TILE: tl.constexpr):
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, table_row: torch.Tensor,
                            kv_len: torch.Tensor, scale: float, block_size: int,
-                           part_size: int, grid_parts: int | None = None) -> torch.Tensor:
+                           part_size: int, grid_parts: int | None = None,
+                           early_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+                           ) -> torch.Tensor:
     """Attention of ``q`` [T, Hq, D] over paged K/V caches [slots, Hkv, D].
+
+    Before its PDL wait (``EARLY_KV`` on, partitions in parallel programs) each program loads
+    its token's length, block-table row and its first tile's keys and values; after it, the keys
+    of the last T positions of the context again (module doc). So the kernel just before may
+    write q and this step's own K/V, but not the lengths, the block tables or older K/V.
 
     Args:
         block_tables: [R, max_blocks] int32; table_row: [T] int32/64, each token's row;
@@ -188,6 +245,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 merges in
             the program, more run partitions side by side and merge in a second kernel. The
             output's bits do not depend on it.
+        early_kv: (tests) the K/V caches as a program may see them before its wait, by default
+            ``k_cache`` and ``v_cache``; a copy whose last T positions of each context hold
+            other values must give the same bits.
 
     Returns:
         [T, Hq, D] in q's dtype.
@@ -207,14 +267,16 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     acc = torch.empty(T, Hq, num_parts, d_pad, device=q.device, dtype=torch.float32)
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
     # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
+    ke, ve = early_kv or (k_cache, v_cache)
+    early = EARLY_KV and grid_parts > 1
     _partial_kernel[(T, Hkv, grid_parts)](
-        q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, scale,
+        q, k_cache, v_cache, ke, ve, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), num_parts, G=G,
+        out.stride(0), out.stride(1), num_parts, T, G=G,
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad, P_PAD=p_pad,
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
         SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
-        **pdl.launch(q))
+        EARLY=early, num_warps=EARLY_NUM_WARPS if early else NUM_WARPS, **pdl.launch(q))
     if grid_parts > 1:
         _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
                                P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))
