@@ -182,7 +182,6 @@ def named_switches() -> dict:
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_preload": (gemv_triton, "PRELOAD", False),
                 "no_stream": (gemv_triton, "STREAM", False),
-                "one_row_stream": (gemv_triton, "STREAM_ROWS", 1),
                 "early_kv": (paged_attention_triton, "EARLY_KV", True),
                 "no_fused_inputs": (gemv_triton, "FUSED_INPUTS", False),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}

@@ -20,7 +20,6 @@ import json
 
 import torch
 
-from mtpserve.kernels.gemv_stream_triton import MAX_ROWS as MAX_STREAM_ROWS
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count
 from mtpserve.kernels.gemv_triton import gemv, tile_config
 
@@ -73,10 +72,10 @@ def _too_split(k: int, block_k: int, split: int) -> bool:
 
 def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
     """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight
-    (``streams``: also these (block_n, block_k, warps, programs per SM) of the streamed product,
-    kernels/gemv_stream_triton.py, each program held to its share of the SM's registers as
-    gemv_triton streams them). ``tiles_us``: the default tiles (``tile_config``) where ``gemv``
-    streams by default."""
+    (``streams``: also these (block_n, block_k, warps, programs per SM) of the streamed one-row
+    product, kernels/gemv_stream_triton.py, at one row, each program held to its share of the
+    SM's registers as gemv_triton streams them). ``tiles_us``: the default tiles
+    (``tile_config``), also where ``gemv`` streams by default."""
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -106,7 +105,7 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
         res["all"].append([bn, bk, warps, stages, kw["split_k"], *preload, round(t, 3)])
         if best is None or t < best[0]:
             best = (t, kw)
-    if m <= MAX_STREAM_ROWS:
+    if m == 1:
         for bn, bk, warps, per_sm in streams:
             if k % bk:
                 continue
@@ -159,7 +158,7 @@ def main() -> None:
                     help="also these preloaded tiles (gemv(preload=MODE), the reduction split "
                          "into tiles of BK)")
     ap.add_argument("--stream", nargs="+", default=[], metavar="BN,BK,WARPS,PER_SM",
-                    help="also the streamed product (gemv_stream, 1 to 4 rows) with these units, "
+                    help="also the streamed one-row product (gemv_stream) with these units, "
                          "warps and programs per SM")
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
                     help="compile all configurations in this many processes first")

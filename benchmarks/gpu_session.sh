@@ -93,22 +93,14 @@ stream)   # session 23: the streamed one-row product's GPU tests (with fused inp
     no_fused_inputs no_stream recaptured \
     --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -20
   ;;
-rows)     # session 24: the streamed product at 2-4 rows (a verify step): GPU tests, a sweep of units, steps
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 200 python3 benchmarks/gpu_gemv.py --rows 4 2 --grid none --only 4096x2048 2048x2048 12288x2048 2048x6144 6144x4096 4096x4096 24576x4096 4096x12288 \
-    --stream 4,2048,8,2 4,2048,8,3 8,1024,8,2 8,2048,8,2 8,1024,4,4 4,1024,4,4 2,4096,8,2 \
-    --json "$OUT/gpu_gemv.json" 2>&1 | tee "$OUT/gpu_gemv.log" | grep -v "^    " | tail -16
-  timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured one_row_stream recaptured \
-    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -10
-  ;;
-s24)      # session 24: steps with streamed 2-4 row products off and the attention's early K/V loads on, their GPU tests, the 2-4 row sweep
-  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b --compare recaptured one_row_stream early_kv \
-    mtpserve.kernels.paged_attention_triton:NUM_WARPS:8 recaptured \
-    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant or early_kv" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 130 python3 benchmarks/gpu_gemv.py --rows 4 2 --grid none --only 4096x2048 2048x2048 12288x2048 2048x6144 6144x4096 4096x4096 24576x4096 4096x12288 \
-    --stream 4,2048,8,2 4,2048,8,3 8,1024,8,2 8,2048,8,2 8,1024,4,4 2,4096,8,2 \
-    --json "$OUT/gpu_gemv.json" 2>&1 | tee "$OUT/gpu_gemv.log" | grep -v "^    " | tail -16
+early)    # session 24: the attention's early K/V loads: GPU tests (warps of the kernel without them), steps on at 8 and 4 warps and off, time to ready
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "early_kv" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m \
+    --set mtpserve.kernels.paged_attention_triton:EARLY_KV:True --compare recaptured \
+    mtpserve.kernels.paged_attention_triton:EARLY_NUM_WARPS:4 mtpserve.kernels.paged_attention_triton:EARLY_KV:False recaptured \
+    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -16
+  timeout 130 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 2 --json "$OUT/ready-1.7b.json" \
+    --log-dir "$OUT/logs-1.7b" 2>&1 | tail -3
   ;;
 final)    # session 23's last check of the tree
   timeout 120 python3 -m pytest -q tests/test_gpu.py -k "preloaded or stream or row_invariant" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4

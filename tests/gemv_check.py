@@ -11,8 +11,6 @@ Raises AssertionError on a mismatch; each check returns what it measured or coun
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 
@@ -356,16 +354,14 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
 
 
 def check_stream(device: str) -> float:
-    """The streamed product (kernels/gemv_stream_triton.py) of 1 to 4 rows. CPU (float32):
-    [40, 256] in units of 16 x 64 over 3 programs, [100, 512] in units of 8 x 512 over 7, [33, 64]
-    in units of 16 x 32 over 1; CUDA (bfloat16): the 1.7B q/k/v, gate/up and down shapes and the
-    8B q/k/v shape in gemv_triton's STREAM_UNITS and STREAM_UNITS_ROWS. Within 1e-5 (CPU) or
-    1e-2 (bfloat16 output) of a float32 reference, with and without bias; each row of 2, 3 or 4
-    the same bits as that row alone in the same units; the same bits for any number of programs
-    and on repeat; the SwiGLU store equal to ``silu_and_mul(interleaved=True)`` of the plain one
-    (even n); ``gemv`` with STREAM on dispatches to it exactly where ``stream_fits`` (1 to
-    STREAM_ROWS rows); more rows or chunks that do not divide K refused. Returns the worst
-    relative error."""
+    """The streamed one-row product (kernels/gemv_stream_triton.py). CPU (float32): [40, 256]
+    in units of 16 x 64 over 3 programs, [100, 512] in units of 8 x 512 over 7, [33, 64] in
+    units of 16 x 32 over 1; CUDA (bfloat16): the 1.7B q/k/v, gate/up and down shapes and the 8B
+    q/k/v shape in gemv_triton's STREAM_UNITS. Within 1e-5 (CPU) or
+    1e-2 (bfloat16 output) of a float32 reference, with and without bias; the same bits for any
+    number of programs and on repeat; the SwiGLU store equal to ``silu_and_mul(interleaved=True)``
+    of the plain one (even n); ``gemv`` with STREAM on dispatches to it exactly where ``stream_fits``;
+    more rows or chunks that do not divide K refused. Returns the worst relative error."""
     import fused_kernel_check as f
 
     cases = []   # the shapes checked through gemv's dispatch
@@ -384,10 +380,9 @@ def _stream_cases(device: str) -> list:
     if device == "cpu":
         return [(40, 256, 16, 64, 4, 3), (100, 512, 8, 512, 4, 7), (33, 64, 16, 32, 4, 1)]
     cases = []
-    for units in (gt.STREAM_UNITS, gt.STREAM_UNITS_ROWS):
-        for n, k in [(4096, 2048), (12288, 2048), (2048, 6144), (6144, 4096)]:
-            unit = next(u for u in units if k % u[0] == 0)
-            cases.append((n, k, unit[1], unit[0], unit[2], unit[3] * sm_count(0)))
+    for n, k in [(4096, 2048), (12288, 2048), (2048, 6144), (6144, 4096)]:
+        unit = next(u for u in gt.STREAM_UNITS if k % u[0] == 0)
+        cases.append((n, k, unit[1], unit[0], unit[2], unit[3] * sm_count(0)))
     return cases
 
 
@@ -397,37 +392,28 @@ def _check_stream_shape(device: str, n: int, k: int, bn: int, bk: int, warps: in
     from mtpserve.kernels.fused_triton import silu_and_mul
     from mtpserve.kernels.gemv_stream_triton import gemv_stream
 
-    from mtpserve.kernels.gemv_stream_triton import MAX_ROWS
-
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     g = torch.Generator().manual_seed(n + k)
     w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
     b = torch.randn(n, generator=g).to(device, dtype)
-    x = torch.randn(MAX_ROWS, k, generator=g).to(device, dtype)
+    x = torch.randn(1, k, generator=g).to(device, dtype)
     ref = x.float() @ w.float().t()
     kw = dict(block_n=bn, block_k=bk, num_warps=warps)
     out = gemv_stream(x, w, b, programs=programs, **kw)
     worst = max(_rel(out, ref + b.float()), _rel(gemv_stream(x, w, programs=programs, **kw), ref))
     assert worst < (1e-5 if dtype == torch.float32 else 1e-2), (n, k, worst)
-    for m in (1, 2, 3):   # each row's bits as alone (row m - 1 alone: the last row of m)
-        assert torch.equal(gemv_stream(x[:m], w, b, programs=programs, **kw), out[:m]), (n, k, m)
-        assert torch.equal(gemv_stream(x[m - 1:m], w, b, programs=programs, **kw),
-                           out[m - 1:m]), (n, k, m)
     for p in (programs, 1, 5):
-        assert torch.equal(out[:3], gemv_stream(x[:3], w, b, programs=p, **kw)), (n, k, p)
-    plain = gemv_stream(x[:3], w, programs=programs, **kw)
-    assert n % 2 or torch.equal(gemv_stream(x[:3], w, programs=programs, swiglu=True, **kw),
-                                silu_and_mul(plain, interleaved=True)), (n, k)
-    saved = {a: getattr(gemv_triton, a)
-             for a in ("STREAM", "STREAM_UNITS", "STREAM_UNITS_ROWS", "PRELOAD")}
+        assert torch.equal(out, gemv_stream(x, w, b, programs=p, **kw)), (n, k, p)
+    plain = gemv_stream(x, w, programs=programs, **kw)
+    assert n % 2 or torch.equal(gemv_stream(x, w, programs=programs, swiglu=True, **kw),
+                       silu_and_mul(plain, interleaved=True)), (n, k)
+    saved = {a: getattr(gemv_triton, a) for a in ("STREAM", "STREAM_UNITS", "PRELOAD")}
     try:   # preloaded tiles off, so that these small shapes stream too
         gemv_triton.STREAM, gemv_triton.PRELOAD = True, False
-        gemv_triton.STREAM_UNITS = gemv_triton.STREAM_UNITS_ROWS = ((bk, bn, warps, 1),)
-        rows = gemv_triton.STREAM_ROWS
-        assert gemv_triton.stream_fits(rows, n, k) and not gemv_triton.stream_fits(rows + 1, n, k)
-        for m in (1, rows):
-            assert torch.equal(gemv_triton.gemv(x[:m], w), gemv_stream(x[:m], w, **kw)), (n, k)
-        assert gemv_triton.gemv(x[:1].expand(rows + 1, k), w).shape == (rows + 1, n)   # tiles
+        gemv_triton.STREAM_UNITS = ((bk, bn, warps, 1),)
+        assert gemv_triton.stream_fits(1, n, k) and not gemv_triton.stream_fits(2, n, k)
+        assert torch.equal(gemv_triton.gemv(x, w), gemv_stream(x, w, **kw)), (n, k)
+        assert gemv_triton.gemv(x.expand(2, k), w).shape == (2, n)   # tiles, not streamed
         cases.append((n, k))
     finally:
         for a, v in saved.items():
@@ -436,12 +422,11 @@ def _check_stream_shape(device: str, n: int, k: int, bn: int, bk: int, warps: in
 
 
 def _check_stream_errors(device: str) -> None:
-    """More rows than MAX_ROWS or none, or chunks that do not divide K, raise ValueError."""
-    from mtpserve.kernels.gemv_stream_triton import MAX_ROWS, gemv_stream
+    """More rows than one, or chunks that do not divide K, raise ValueError."""
+    from mtpserve.kernels.gemv_stream_triton import gemv_stream
 
     w = torch.zeros(32, 96, device=device)
-    for x, kw in [(torch.zeros(MAX_ROWS + 1, 96, device=device), dict(block_k=32)),
-                  (torch.zeros(0, 96, device=device), dict(block_k=32)),
+    for x, kw in [(torch.zeros(2, 96, device=device), {}),
                   (torch.zeros(1, 96, device=device), dict(block_k=64))]:
         try:
             gemv_stream(x, w, **kw)
@@ -452,13 +437,12 @@ def _check_stream_errors(device: str) -> None:
 
 def check_stream_fused_inputs(device: str) -> int:
     """The streamed product with its input fused in front (``gemv_stream(silu_input=True)``,
-    ``NormInput``), at 1 and 3 rows. CPU (float32): [40, 256] in units of 16 x 64 and [100, 512]
-    in one chunk; CUDA (bfloat16): the 1.7B down (SiLU) and q/k/v (norm) shapes and the 8B
-    gate/up shape (SiLU; norm at one row, where its units hold all K) in gemv_triton's units
-    through ``gemv_fused_input``. SiLU-and-mul: the same bits as ``silu_and_mul`` then the
-    product; residual add + RMSNorm: within 1e-5 (float32) or 1e-2 (bfloat16) of
-    ``add_rms_norm`` then the product, the new residuals bit-equal to add_rms_norm's. Returns
-    the number of cases (CPU 8, CUDA 9)."""
+    ``NormInput``). CPU (float32): [40, 256] in units of 16 x 64 and [100, 512] in one chunk;
+    CUDA (bfloat16): the 1.7B down (SiLU) and q/k/v (norm) shapes and the 8B gate/up shape
+    (norm) in gemv_triton's units through ``gemv_fused_input``. SiLU-and-mul: the same bits as
+    ``silu_and_mul`` then the product; residual add + RMSNorm: within 1e-5 (float32) or 1e-2
+    (bfloat16) of ``add_rms_norm`` then the product, the new residual bit-equal to
+    add_rms_norm's. Returns the number of cases."""
     import fused_kernel_check as f
 
     from mtpserve.kernels import gemv_triton
@@ -472,11 +456,11 @@ def check_stream_fused_inputs(device: str) -> int:
     dtype = torch.float32 if cpu else torch.bfloat16
     done = 0
     with f.interpreter_rounding(device):
-        for (n, k, kw), m in itertools.product(cases, (1, 3)):
-            g = torch.Generator().manual_seed(n - k + m)
+        for n, k, kw in cases:
+            g = torch.Generator().manual_seed(n - k)
             w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
-            gu = torch.randn(m, 2 * k, generator=g).to(device, dtype)
-            x, res = (torch.randn(m, k, generator=g).to(device, dtype) for _ in range(2))
+            gu = torch.randn(1, 2 * k, generator=g).to(device, dtype)
+            x, res = (torch.randn(1, k, generator=g).to(device, dtype) for _ in range(2))
             nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
 
             def product(inp, **more):   # a NormInput takes all K in one chunk
@@ -490,15 +474,15 @@ def check_stream_fused_inputs(device: str) -> int:
 
             if cpu or gemv_triton.fused_input_fits(gu, w, norm=False):
                 want = plain(silu_and_mul(gu))
-                assert torch.equal(product(gu, silu_input=True), want), (n, k, m)
+                assert torch.equal(product(gu, silu_input=True), want), (n, k)
                 done += 1
             if cpu or gemv_triton.fused_input_fits(x, w, norm=True):
                 ro = torch.empty_like(x)
                 got = product(NormInput(x, res, nw, 1e-6, ro))
                 h, s = add_rms_norm(x, res, nw, 1e-6, False)
                 want = plain(h)
-                assert torch.equal(ro, s), (n, k, m)
-                assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, m, _rel(got, want))
+                assert torch.equal(ro, s), (n, k)
+                assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
                 done += 1
     return done
 

@@ -25,28 +25,33 @@ def test_triton_paged_attention_matches_reference(hq, hkv, d, dtype):
     assert set(worst) == {64, 256}
 
 
-@pytest.mark.parametrize("hq, hkv, d", [(16, 8, 128), (16, 2, 256)])
-def test_early_kv_attention_gives_the_same_bits(hq, hkv, d):
-    """paged_attention_triton.EARLY_KV in bfloat16 (tests/attention_check.py): with the loads
-    before the PDL wait reading caches whose step positions hold other values, the same bits as
-    without, at every parallel grid (6 cases); an older position changed is seen."""
+@pytest.mark.parametrize("hq, hkv, d", [(16, 8, 128), (16, 4, 128), (16, 2, 256)])
+def test_early_kv_attention_gives_the_same_bits(hq, hkv, d, monkeypatch):
+    """paged_attention_triton.EARLY_KV in bfloat16 (tests/attention_check.py), at the warps of
+    the kernel without it: with the loads before the PDL wait reading caches whose step
+    positions hold other values, the same bits as without, at every parallel grid (6 cases);
+    an older position changed is seen."""
     import sys
     sys.path.insert(0, "tests")
     import attention_check
 
+    from mtpserve.kernels import paged_attention_triton as pa
+
+    monkeypatch.setattr(pa, "EARLY_NUM_WARPS", pa.NUM_WARPS)
     assert attention_check.check_early_kv("cuda", hq, hkv, d, "bfloat16") == 6
 
 
 def test_early_kv_attention_in_a_model_under_pdl(tmp_path, monkeypatch):
     """A tiny Qwen3 (two layers, 4 KV heads of 128) through CUDA graphs with PDL, decode (one
-    and two requests) and the K/V written by the kernel just before each attention: the greedy
-    tokens and their logprobs exactly the same with paged_attention_triton.EARLY_KV on and off
-    (a race on the step's own K/V would change them), and partial kernels launched with EARLY
-    in the graphs captured when it is on (not the many-token graphs whose programs merge their
-    own partitions), none when it is off."""
+    and two requests) and the K/V written by the kernel just before each attention, EARLY_KV
+    at the warps of the kernel without it: the greedy tokens and their logprobs exactly the
+    same with paged_attention_triton.EARLY_KV on and off (a race on the step's own K/V would
+    change them), and partial kernels launched with EARLY in the graphs captured when it is on
+    (not the many-token graphs whose programs merge their own partitions), none when off."""
     from mtpserve import SamplingParams
     from mtpserve.kernels import paged_attention_triton as pa
 
+    monkeypatch.setattr(pa, "EARLY_NUM_WARPS", pa.NUM_WARPS)
     llm = _tiny_qwen3_llm(tmp_path)
     prompts = [[5, 9, 33, 2, 71] * 20, list(range(2, 140))]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=1)
@@ -494,8 +499,7 @@ def test_gemv_matches_cublas_and_is_row_invariant(n, k):
     """The skinny Triton product against a float32 reference, with bias and float32 output; a
     row gives the same bits whatever the number of rows beside it, among the row counts that
     take the same kernel and tiles (kernels/gemv_triton.py's module doc: preloaded tiles or
-    streamed units at one row, streamed units of STREAM_UNITS_ROWS at 2 to 4, pipelined tiles
-    past that or where those do not apply)."""
+    streamed units at one row, pipelined tiles from two rows up and where those do not apply)."""
     from mtpserve.kernels.gemv_triton import MAX_ROWS, gemv, stream_config, tile_config
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
@@ -836,14 +840,13 @@ def test_preloaded_product_tiles(tmp_path):
     assert preloaded[1:] == pipelined[1:]
 
 
-def test_streamed_products(tmp_path, monkeypatch):
-    """gemv_triton.STREAM (products of 1 to 4 rows streamed in one wave,
+def test_streamed_one_row_products(tmp_path, monkeypatch):
+    """gemv_triton.STREAM (one-row products of more than one wave streamed in one wave,
     kernels/gemv_stream_triton.py): tests/gemv_check.py's check in bfloat16 at the 1.7B q/k/v,
-    gate/up and down and the 8B q/k/v shapes, 1 to 4 rows; then a tiny Qwen3 with preloaded
-    tiles off, whose o and down products (K = 2048) then stream at one row (seen in the batch-1
-    graph's capture): the logits of a one-token prefill (graphed) within 1% of the tiled
-    products', and the same greedy tokens through CUDA graphs (one request: one-row steps; two:
-    two-row steps) with STREAM on and off."""
+    gate/up and down and the 8B q/k/v shapes; then a tiny Qwen3 with preloaded tiles off, whose
+    o and down products (K = 2048) then stream at one row (seen in the batch-1 graph's
+    capture): the logits of a one-token prefill (graphed) within 1% of the tiled products',
+    and the same greedy tokens through CUDA graphs (one request: one-row steps; two: tiles)."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -877,13 +880,12 @@ def test_streamed_products(tmp_path, monkeypatch):
 
 def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     """gemv_triton.FUSED_INPUTS: tests/gemv_check.py's check in bfloat16 (1.7B down with
-    SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm, 1 and 3 rows: 9
-    cases); then a
+    SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm: 5 cases); then a
     two-layer Qwen3 of the 1.7B's widths (hidden 2048, intermediate 6144), whose one-row q/k/v
     and gate/up products take the norm in front (but layer 0's q/k/v: no residual yet) and down
     products SiLU-and-mul: the fused products seen in the batch-1 graph's capture, the logits of
     a one-token prefill within 1% of the unfused ones, and the same greedy tokens through CUDA
-    graphs (one request: one-row steps; two: two-row steps) with FUSED_INPUTS on and off."""
+    graphs (one request: one-row steps; two: tiles) with FUSED_INPUTS on and off."""
     import sys
     sys.path.insert(0, "tests")
     import gemv_check
@@ -891,7 +893,7 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
 
     from mtpserve.kernels import gemv_triton
 
-    assert gemv_check.check_stream_fused_inputs("cuda") == 9
+    assert gemv_check.check_stream_fused_inputs("cuda") == 5
     llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
                           intermediate_size=6144)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]

@@ -23,7 +23,10 @@ kernel and its PDL boundary out of the batch-1 step; every program computes the 
 values, from L2), and program 0 stores the new residual. Measured and removed (session 23,
 commit 41fe97e): the o product merging one token's attention partitions the same way, in place
 of the merge kernel, made the step slower (1.7B 1.306 -> 1.335-1.343 ms, 8B 4.028 -> 4.19):
-every program read all partitions' float32 partial outputs.
+every program read all partitions' float32 partial outputs. Also measured and removed (session
+24, commit a974e81): streaming 2 to 4 rows the same way, each unit multiplied by every row in
+float32 multiply-and-sum: compute-bound at 4 rows (1.7B gate/up 25.5 us against 13.8 in tiles
+with ``tl.dot``; a 4-token verify forward took 1.84x a decode step's time against 1.19x).
 
 On the H200 (BENCHMARKS.md, session 23), one product in a chain of 20: 1.7B q/k/v 6.69 -> 5.68
 us, gate/up 13.57 -> 13.14, down 9.62 -> 8.61; 8B q/k/v 16.41 -> 13.67, o 10.96 -> 9.59, down
@@ -83,104 +86,44 @@ def _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _as_f32(x, ROWS: tl.constexpr, LATE: tl.constexpr):
-    """An input chunk as float32 where it is multiplied: at one row it already is (converted
-    once, ahead of the loop); at several it waits 16-bit and goes through :func:`to_f32`."""
-    if ROWS == 1:
-        return x
-    else:
-        return to_f32(x, LATE)
-
-
-@triton.jit
-def _unit_dots(w, x0, x1, x2, x3, a0, a1, a2, a3, ROWS: tl.constexpr, LATE: tl.constexpr):
-    """Unit ``w`` [BLOCK_N, BLOCK_K] times the first ROWS of the inputs ``x0..x3`` [BLOCK_K],
-    added to the float32 sums ``a0..a3`` [BLOCK_N]: the unit is widened once for all rows, and
-    each row is multiplied and summed as at one row (a row's bits do not depend on ROWS)."""
-    wf = to_f32(w, LATE)
-    a0 += tl.sum(wf * _as_f32(x0, ROWS, LATE)[None, :], axis=1)
-    if ROWS > 1:
-        a1 += tl.sum(wf * _as_f32(x1, ROWS, LATE)[None, :], axis=1)
-    if ROWS > 2:
-        a2 += tl.sum(wf * _as_f32(x2, ROWS, LATE)[None, :], axis=1)
-        a3 += tl.sum(wf * _as_f32(x3, ROWS, LATE)[None, :], axis=1)
-    return a0, a1, a2, a3
+def _unit_dot(w, x, LATE: tl.constexpr):
+    """[BLOCK_N] float32: unit ``w`` [BLOCK_N, BLOCK_K] times ``x`` [BLOCK_K] float32."""
+    return tl.sum(to_f32(w, LATE) * x[None, :], axis=1)
 
 
 @triton.jit
 def _x_chunk(x_ptr, chunk, c, K: tl.constexpr, BLOCK_K: tl.constexpr, SILU: tl.constexpr):
-    """Chunk ``chunk`` of one row of the product's input, [BLOCK_K] in x's dtype: x itself, or
-    with SILU ``silu(g) * u`` of x = [gate | up] (2K wide), rounded to x's dtype as
+    """Chunk ``chunk`` of the product's input as float32 [BLOCK_K]: x itself, or with SILU
+    ``silu(g) * u`` of x = [gate | up] (2K wide), rounded to x's dtype as
     ``fused_triton.silu_and_mul`` stores it (so the same bits as that kernel then the product)."""
     cols = chunk * BLOCK_K + c
     if SILU:
         g = tl.load(x_ptr + cols).to(tl.float32)
         u = tl.load(x_ptr + K + cols).to(tl.float32)
-        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
     else:
-        return tl.load(x_ptr + cols)
+        return tl.load(x_ptr + cols).to(tl.float32)
 
 
 @triton.jit
-def _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, m: tl.constexpr, M, K: tl.constexpr):
-    """The residual add + RMSNorm of row ``m`` in front of the product (``fused_triton.
-    add_rms_norm``'s arithmetic): ``s = r + x`` rounded to x's dtype, stored to ``ro`` by
-    program 0 where ``m < M`` (the new residual), and ``s / sqrt(mean(s^2) + eps) * w``, [K] in
-    x's dtype."""
+def _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K: tl.constexpr):
+    """The residual add + RMSNorm in front of the product (``fused_triton.add_rms_norm``'s
+    arithmetic): ``s = r + x`` rounded to x's dtype, stored to ``ro`` by program 0 (the new
+    residual), and ``s / sqrt(mean(s^2) + eps) * w`` rounded to x's dtype, as float32 [K]."""
     dt = x_ptr.dtype.element_ty
     s = (tl.load(r_ptr + c).to(tl.float32) + tl.load(x_ptr + c).to(tl.float32)).to(dt)
     if tl.program_id(0) == 0:
-        tl.store(ro_ptr + c, s, mask=_live(c, m, M))
+        tl.store(ro_ptr + c, s)
     s = s.to(tl.float32)
     scale = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
-    return (s * scale * tl.load(nw_ptr + c).to(tl.float32)).to(dt)
+    return (s * scale * tl.load(nw_ptr + c).to(tl.float32)).to(dt).to(tl.float32)
 
 
 @triton.jit
-def _row_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, m: tl.constexpr, chunk, c,
-               K: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr,
-               ROWS: tl.constexpr):
-    """Chunk ``chunk`` of input row ``m`` (row M - 1 again past M, multiplied and not stored):
-    float32 at one row, else x's dtype (:func:`_as_f32`)."""
-    i = 0
-    if m > 0:
-        i = tl.minimum(m, M - 1)
-    if PROLOGUE == 2:   # the whole row normed once (BLOCK_K == K)
-        v = _normed_x(x_ptr + i * sx, r_ptr + i * sr, nw_ptr, ro_ptr + i * K, eps, c, m, M, K)
-    else:
-        v = _x_chunk(x_ptr + i * sx, chunk, c, K, BLOCK_K, PROLOGUE == 1)
-    if ROWS == 1:
-        return v.to(tl.float32)
-    else:
-        return v
-
-
-@triton.jit
-def _rows_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, chunk, c, K: tl.constexpr,
-                BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, ROWS: tl.constexpr):
-    """Chunk ``chunk`` of the first ROWS input rows (:func:`_row_input`); rows past ROWS repeat
-    row 0 and are not used."""
-    x0 = _row_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, 0, chunk, c, K, BLOCK_K,
-                    PROLOGUE, ROWS)
-    x1 = x0
-    x2 = x0
-    x3 = x0
-    if ROWS > 1:
-        x1 = _row_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, 1, chunk, c, K, BLOCK_K,
-                        PROLOGUE, ROWS)
-    if ROWS > 2:
-        x2 = _row_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, 2, chunk, c, K, BLOCK_K,
-                        PROLOGUE, ROWS)
-        x3 = _row_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, 3, chunk, c, K, BLOCK_K,
-                        PROLOGUE, ROWS)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, M, N, sx, sr, sw, sy,
+def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, sw,
                    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
-                   PROLOGUE: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PROLOGUE: tl.constexpr,
+                   LATE: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     CHUNKS: tl.constexpr = K // BLOCK_K
@@ -189,62 +132,34 @@ def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, M, N,
     c = tl.arange(0, BLOCK_K)
     w = _load_unit(w_ptr, sw, N, 0, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)
-    x0, x1, x2, x3 = _rows_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M, 0, c, K, BLOCK_K,
-                                 PROLOGUE, ROWS)
-    a0 = tl.zeros([BLOCK_N], tl.float32)
-    a1 = a0
-    a2 = a0
-    a3 = a0
+    if PROLOGUE == 2:   # the whole input normed once (BLOCK_K == K)
+        x = _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K)
+    else:
+        x = _x_chunk(x_ptr, 0, c, K, BLOCK_K, PROLOGUE == 1)
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for u in range(1, units):
         w_next = _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
-        a0, a1, a2, a3 = _unit_dots(w, x0, x1, x2, x3, a0, a1, a2, a3, ROWS, LATE)
+        acc += _unit_dot(w, x, LATE)
         if CHUNKS > 1:
-            x0, x1, x2, x3 = _rows_input(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, sx, sr, M,
-                                         u % CHUNKS, c, K, BLOCK_K, PROLOGUE, ROWS)
+            x = _x_chunk(x_ptr, u % CHUNKS, c, K, BLOCK_K, PROLOGUE == 1)
         if u % CHUNKS == 0:   # unit u - 1 ended its row block
-            _store_block(a0, a1, a2, a3, b_ptr, y_ptr, sy, M, N, pid + (u // CHUNKS - 1) * G, r,
-                         BLOCK_N, ROWS, HAS_BIAS, SWIGLU)
-            a0 = tl.zeros([BLOCK_N], tl.float32)
-            a1 = a0
-            a2 = a0
-            a3 = a0
+            _store_rows(acc, b_ptr, y_ptr, N, pid + (u // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
+                        SWIGLU)
+            acc = tl.zeros([BLOCK_N], tl.float32)
         w = w_next
-    a0, a1, a2, a3 = _unit_dots(w, x0, x1, x2, x3, a0, a1, a2, a3, ROWS, LATE)
-    _store_block(a0, a1, a2, a3, b_ptr, y_ptr, sy, M, N, pid + (units // CHUNKS - 1) * G, r,
-                 BLOCK_N, ROWS, HAS_BIAS, SWIGLU)
+    acc += _unit_dot(w, x, LATE)
+    _store_rows(acc, b_ptr, y_ptr, N, pid + (units // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
+                SWIGLU)
 
 
 @triton.jit
-def _live(idx, m: tl.constexpr, M):
-    """Whether row ``m`` is one of the M rows, shaped like ``idx`` (an int tensor): row 0 always
-    is (no test in the code), a later row where ``m < M``."""
-    if m == 0:
-        return idx == idx
-    else:
-        return tl.zeros_like(idx) + m < M
-
-
-@triton.jit
-def _store_block(a0, a1, a2, a3, b_ptr, y_ptr, sy, M, N, block, r, BLOCK_N: tl.constexpr,
-                 ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
-    """Row block ``block``'s outputs of the first min(ROWS, M) rows (:func:`_store_rows`)."""
-    _store_rows(a0, b_ptr, y_ptr, N, block, r, 0, M, BLOCK_N, HAS_BIAS, SWIGLU)
-    if ROWS > 1:
-        _store_rows(a1, b_ptr, y_ptr + sy, N, block, r, 1, M, BLOCK_N, HAS_BIAS, SWIGLU)
-    if ROWS > 2:
-        _store_rows(a2, b_ptr, y_ptr + 2 * sy, N, block, r, 2, M, BLOCK_N, HAS_BIAS, SWIGLU)
-        _store_rows(a3, b_ptr, y_ptr + 3 * sy, N, block, r, 3, M, BLOCK_N, HAS_BIAS, SWIGLU)
-
-
-@triton.jit
-def _store_rows(acc, b_ptr, y_ptr, N, block, r, m: tl.constexpr, M, BLOCK_N: tl.constexpr,
-                HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
-    """Row block ``block``'s outputs of row ``m`` where ``m < M``: ``acc`` [BLOCK_N] float32
-    (+ bias), rounded to y's dtype; with SWIGLU, ``silu(g) * u`` of its interleaved (gate, up)
-    pairs into y [N / 2], computed as gemv_triton's SwiGLU epilogue does (the same bits for the
-    same products)."""
+def _store_rows(acc, b_ptr, y_ptr, N, block, r, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                SWIGLU: tl.constexpr):
+    """Row block ``block``'s outputs: ``acc`` [BLOCK_N] float32 (+ bias), rounded to y's dtype;
+    with SWIGLU, ``silu(g) * u`` of its interleaved (gate, up) pairs into y [N / 2], computed as
+    gemv_triton's SwiGLU epilogue does (the same bits for the same products)."""
     rows = block * BLOCK_N + r
-    mask = (rows < N) & _live(r, m, M)
+    mask = rows < N
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=mask, other=0.0).to(tl.float32)
     if SWIGLU:
@@ -252,21 +167,17 @@ def _store_rows(acc, b_ptr, y_ptr, N, block, r, m: tl.constexpr, M, BLOCK_N: tl.
         g, u = tl.split(tl.reshape(h, (BLOCK_N // 2, 2)))
         j = block * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         tl.store(y_ptr + j, (g / (1.0 + tl.exp(-g)) * u).to(y_ptr.dtype.element_ty),
-                 mask=(j < N // 2) & _live(j, m, M))
+                 mask=j < N // 2)
     else:
         tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-# most rows of x a streamed product takes: the kernel keeps one float32 sum per row in registers
-MAX_ROWS = 4
 
 
 @dataclass
 class NormInput:
     """The product's input as a residual add + RMSNorm still to be done (the pre-norm decoder's
     ``add_rms_norm(x, residual)`` in front of a product, fused into its programs): ``x`` and
-    ``residual`` [M, K] of one dtype, the norm ``weight`` [K] (``w``, not ``w - 1``), ``eps``.
-    The product stores ``residual + x`` (rounded to x's dtype) to ``residual_out`` [M, K]."""
+    ``residual`` [1, K] of one dtype, the norm ``weight`` [K] (``w``, not ``w - 1``), ``eps``.
+    The product stores ``residual + x`` (rounded to x's dtype) to ``residual_out`` [1, K]."""
     x: torch.Tensor
     residual: torch.Tensor
     weight: torch.Tensor
@@ -279,29 +190,27 @@ def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
                 num_warps: int = 8, programs: int | None = None, swiglu: bool = False,
                 out_dtype: torch.dtype | None = None, silu_input: bool = False,
                 maxnreg: int | None = None) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K]^T (+ bias [N])`` -> [M, N] in ``out_dtype`` (default x's) for
-    ``M <= MAX_ROWS``, streamed in one wave (module doc). ``block_n`` x ``block_k`` is a unit
-    (``block_k`` a power of two dividing K); ``programs``: the grid (default two per SM, at most
-    one per row block). Each unit is multiplied by every row, so for given units a row's bits
-    do not depend on M. ``swiglu``: the weight's rows are interleaved (gate j, up j) and the
-    result is ``silu(g) * u`` [M, N / 2] (gemv_triton's SwiGLU epilogue). ``maxnreg``:
-    registers a thread may use (CUDA), so that the programs meant to share an SM fit.
+    """``x [1, K] @ weight[N, K]^T (+ bias [N])`` -> [1, N] in ``out_dtype`` (default x's),
+    streamed in one wave (module doc). ``block_n`` x ``block_k`` is a unit (``block_k`` a power
+    of two dividing K); ``programs``: the grid (default two per SM, at most one per row block).
+    ``swiglu``: the weight's rows are interleaved (gate j, up j) and the result is
+    ``silu(g) * u`` [1, N / 2] (gemv_triton's SwiGLU epilogue). ``maxnreg``: registers a
+    thread may use (CUDA), so that the programs meant to share an SM fit.
 
-    Fused in front: ``silu_input``: ``x`` is [M, 2K] = [gate | up] and the product takes
+    Fused in front: ``silu_input``: ``x`` is [1, 2K] = [gate | up] and the product takes
     ``silu(gate) * up`` (the same bits as ``fused_triton.silu_and_mul`` then the product); a
-    :class:`NormInput` (needs ``block_k == K``): the product takes the normed residual sums and
-    writes the new residuals (close to, not always bit-equal with, ``add_rms_norm`` then the
+    :class:`NormInput` (needs ``block_k == K``): the product takes the normed residual sum and
+    writes the new residual (close to, not always bit-equal with, ``add_rms_norm`` then the
     product: its sum of squares is reduced in another order).
 
-    Raises ``ValueError`` for no row or more than MAX_ROWS, an x of another width, a weight not
-    contiguous along K, a ``block_k`` that does not divide K, ``swiglu`` with a bias or an odd
-    N, or a NormInput over chunks shorter than K or of mismatched shapes."""
+    Raises ``ValueError`` for more than one row, an x of another width, a weight not contiguous
+    along K, a ``block_k`` that does not divide K, ``swiglu`` with a bias or an odd N, or a
+    NormInput over chunks shorter than K or of mismatched shapes."""
     N, K = weight.shape
     norm = x if isinstance(x, NormInput) else None
     x = norm.x if norm else x
-    M = x.shape[0] if x.dim() == 2 else 0
-    if not 1 <= M <= MAX_ROWS or x.shape[1] != (2 * K if silu_input else K):
-        raise ValueError(f"gemv_stream takes 1 to {MAX_ROWS} rows of {K} inputs"
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != (2 * K if silu_input else K):
+        raise ValueError(f"gemv_stream takes one row of {K} inputs"
                          f"{' (x 2) for silu_input' if silu_input else ''}, got {tuple(x.shape)}")
     if weight.stride(-1) != 1 or K % block_k:
         raise ValueError(f"gemv_stream needs a weight contiguous along K and chunks of {block_k} "
@@ -312,25 +221,18 @@ def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
                  or norm.residual_out.shape != x.shape or norm.weight.shape != (K,)
                  or not norm.residual_out.is_contiguous()):
         raise ValueError(f"gemv_stream: a NormInput needs one chunk of all K = {K} inputs "
-                         f"(block_k {block_k}) and residuals [M, K], residual_out contiguous")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+                         f"(block_k {block_k}) and residuals [1, K], residual_out contiguous")
+    x = x.contiguous()
     blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
-    y = torch.empty(M, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
-    r, nw, ro, eps = ((_rows_contiguous(norm.residual), norm.weight, norm.residual_out, norm.eps)
+    y = torch.empty(1, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
+    r, nw, ro, eps = ((norm.residual.contiguous(), norm.weight, norm.residual_out, norm.eps)
                       if norm else (x, x, x, 0.0))
     _stream_kernel[(min(programs, blocks),)](
-        x, weight, bias if bias is not None else weight, y, r, nw, ro, eps, M, N, x.stride(0),
-        r.stride(0), weight.stride(0), y.stride(0), K=K, BLOCK_N=block_n, BLOCK_K=block_k,
-        ROWS=triton.next_power_of_2(M), HAS_BIAS=bias is not None, SWIGLU=swiglu,
+        x, weight, bias if bias is not None else weight, y, r, nw, ro, eps, N, weight.stride(0),
+        K=K, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,
         PROLOGUE=2 if norm else int(silu_input),
         LATE=x.is_cuda and weight.dtype == torch.bfloat16, num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg and x.is_cuda else {}), **pdl.launch(x))
     return y
-
-
-def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """``t`` [M, K] with each row contiguous (rows may stand apart)."""
-    return t if t.stride(-1) == 1 else t.contiguous()

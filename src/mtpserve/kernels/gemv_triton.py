@@ -57,7 +57,7 @@ import triton.language as tl
 
 from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
-from mtpserve.kernels.gemv_stream_triton import NormInput, gemv_stream, sm_count, to_f32
+from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
@@ -101,12 +101,6 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
-# ... and products of 2 to STREAM_ROWS rows (a verify step of 1 + 3 tokens at batch 1) in units
-# of STREAM_UNITS_ROWS: narrower, since each program keeps every row's input chunk and sum in
-# registers too (sm_90 ptxas at 128 registers a thread, 4 rows: 8 x 2048 spills 92-184 bytes,
-# 4 x 2048 none)
-STREAM_ROWS = 4
-STREAM_UNITS_ROWS = ((2048, 4, 8, 2), (1024, 8, 8, 2))
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -171,15 +165,13 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
 
 
 def stream_config(rows: int, n: int, k: int) -> dict | None:
-    """The streamed product's units for ``rows`` rows by an [n, k] weight, as
+    """The streamed one-row product's units for ``rows`` rows by an [n, k] weight, as
     :func:`gemv_stream_triton.gemv_stream` keywords less ``programs`` plus ``per_sm``, or None
-    where it does not apply: STREAM off, more than STREAM_ROWS rows, a preloaded tile, more than
-    STREAM_MAX_N outputs, or no unit of STREAM_UNITS (one row) or STREAM_UNITS_ROWS (more)
-    whose block_k divides K."""
-    if (not STREAM or not 1 <= rows <= STREAM_ROWS or n > STREAM_MAX_N
-            or tile_config(n, k, rows)["preload"]):
+    where it does not apply: STREAM off, more than one row, a preloaded tile, more than
+    STREAM_MAX_N outputs, or no unit of STREAM_UNITS whose block_k divides K."""
+    if not STREAM or rows != 1 or n > STREAM_MAX_N or tile_config(n, k, rows)["preload"]:
         return None
-    for block_k, block_n, warps, per_sm in STREAM_UNITS if rows == 1 else STREAM_UNITS_ROWS:
+    for block_k, block_n, warps, per_sm in STREAM_UNITS:
         if k % block_k == 0:
             return dict(block_n=block_n, block_k=block_k, num_warps=warps, per_sm=per_sm)
     return None
@@ -410,16 +402,16 @@ def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
 
 def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
     """Whether a product of ``x`` by ``weight`` [N, K] takes its input fused in front
-    (:func:`gemv_fused_input`): ENABLED and FUSED_INPUTS on, ``x`` [M, ...] on CUDA in the
-    weight's 16-bit dtype, a streamed product of M rows (:func:`stream_config`); for a residual
-    add + RMSNorm (``norm``) also ``x`` a tensor (not split-K partials) of K inputs and one chunk
-    of all of them. For a SiLU-and-mul (not ``norm``) ``x`` is [M, 2K]."""
+    (:func:`gemv_fused_input`): ENABLED and FUSED_INPUTS on, one row on CUDA in the weight's
+    16-bit dtype, a streamed product (:func:`stream_config`); for a residual add + RMSNorm
+    (``norm``) also ``x`` a tensor (not split-K partials) of K inputs and one chunk of all of
+    them. For a SiLU-and-mul (not ``norm``) ``x`` is [1, 2K]."""
     if not (ENABLED and FUSED_INPUTS and isinstance(x, torch.Tensor) and x.is_cuda
-            and x.dim() == 2 and x.dtype == weight.dtype
+            and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
             and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
         return False
     N, K = weight.shape
-    stream = stream_config(x.shape[0], N, K)
+    stream = stream_config(1, N, K)
     if stream is None:
         return False
     return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
@@ -427,13 +419,12 @@ def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
 
 def gemv_fused_input(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      swiglu: bool = False, silu_input: bool = False) -> torch.Tensor:
-    """The streamed product with its input computed in front, where :func:`fused_input_fits`
-    says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add + RMSNorm) or, with
-    ``silu_input``, [M, 2K] = [gate | up] (SiLU-and-mul); see ``gemv_stream``. Returns [M, N]
-    (``swiglu``: [M, N / 2]) in x's dtype."""
+    """The streamed one-row product with its input computed in front, where
+    :func:`fused_input_fits` says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add +
+    RMSNorm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
+    ``gemv_stream``. Returns [1, N] (``swiglu``: [1, N / 2]) in x's dtype."""
     N, K = weight.shape
-    rows = (x.x if isinstance(x, NormInput) else x).shape[0]
-    return _streamed(x, weight, bias, stream_config(rows, N, K), swiglu=swiglu,
+    return _streamed(x, weight, bias, stream_config(1, N, K), swiglu=swiglu,
                      silu_input=silu_input)
 
 
