@@ -93,13 +93,14 @@ stream)   # session 23: the streamed one-row product's GPU tests (with fused inp
     no_fused_inputs no_stream recaptured \
     --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -20
   ;;
-early)    # session 24: the attention's early K/V loads: GPU tests (warps of the kernel without them), steps on at 8 and 4 warps and off, time to ready
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "early_kv" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 300 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m \
+early)    # session 24: the attention's early K/V loads and the q/k kernel's early operands: GPU tests, steps (on at 8 and 4 warps, off; q/k operands early), time to ready
+  timeout 120 python3 -m pytest -q tests/test_gpu.py -k "early_kv or qk_norm_rope" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b qwen3-8b smollm2-135m \
     --set mtpserve.kernels.paged_attention_triton:EARLY_KV:True --compare recaptured \
-    mtpserve.kernels.paged_attention_triton:EARLY_NUM_WARPS:4 mtpserve.kernels.paged_attention_triton:EARLY_KV:False recaptured \
-    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -16
-  timeout 130 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 2 --json "$OUT/ready-1.7b.json" \
+    mtpserve.kernels.paged_attention_triton:EARLY_NUM_WARPS:4 mtpserve.kernels.paged_attention_triton:EARLY_KV:False \
+    mtpserve.kernels.fused_triton:EARLY_OPERANDS:True recaptured \
+    --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -20
+  timeout 110 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 2 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -3
   ;;
 final)    # session 23's last check of the tree

@@ -468,9 +468,14 @@ def test_fused_gated_rms_norm_matches_torch():
     print(_fused_check().check_gated_rms_norm("cuda"))
 
 
-def test_fused_qk_norm_rope_kv_write_matches_torch():
+@pytest.mark.parametrize("early", [False, True])
+def test_fused_qk_norm_rope_kv_write_matches_torch(early, monkeypatch):
     """q/k RMSNorm + RoPE + KV-cache write in one kernel against the PyTorch ops, several head
-    shapes, partial rotary, with and without q/k norms; unaddressed cache slots unchanged."""
+    shapes, partial rotary, with and without q/k norms; unaddressed cache slots unchanged; with
+    its operands loaded before the PDL wait (fused_triton.EARLY_OPERANDS) and without."""
+    from mtpserve.kernels import fused_triton
+
+    monkeypatch.setattr(fused_triton, "EARLY_OPERANDS", early)
     print(_fused_check().check_qk_norm_rope_kv_write("cuda"))
 
 
