@@ -26,32 +26,27 @@ def test_triton_paged_attention_matches_reference(hq, hkv, d, dtype):
 
 
 @pytest.mark.parametrize("hq, hkv, d", [(16, 8, 128), (16, 4, 128), (16, 2, 256)])
-def test_early_kv_attention_gives_the_same_bits(hq, hkv, d, monkeypatch):
-    """paged_attention_triton.EARLY_KV in bfloat16 (tests/attention_check.py), at the warps of
-    the kernel without it: with the loads before the PDL wait reading caches whose step
-    positions hold other values, the same bits as without, at every parallel grid (6 cases);
-    an older position changed is seen."""
+def test_early_kv_attention_gives_the_same_bits(hq, hkv, d):
+    """paged_attention_triton.EARLY_KV in bfloat16 (tests/attention_check.py): with the loads
+    before the PDL wait reading caches whose step positions hold other values, the same bits as
+    without, at every parallel grid (6 cases); an older position changed is seen."""
     import sys
     sys.path.insert(0, "tests")
     import attention_check
 
-    from mtpserve.kernels import paged_attention_triton as pa
-
-    monkeypatch.setattr(pa, "EARLY_NUM_WARPS", pa.NUM_WARPS)
     assert attention_check.check_early_kv("cuda", hq, hkv, d, "bfloat16") == 6
 
 
 def test_early_kv_attention_in_a_model_under_pdl(tmp_path, monkeypatch):
     """A tiny Qwen3 (two layers, 4 KV heads of 128) through CUDA graphs with PDL, decode (one
-    and two requests) and the K/V written by the kernel just before each attention, EARLY_KV
-    at the warps of the kernel without it: the greedy tokens and their logprobs exactly the
-    same with paged_attention_triton.EARLY_KV on and off (a race on the step's own K/V would
-    change them), and partial kernels launched with EARLY in the graphs captured when it is on
-    (not the many-token graphs whose programs merge their own partitions), none when off."""
+    and two requests) and the K/V written by the kernel just before each attention: the greedy
+    tokens and their logprobs exactly the same with paged_attention_triton.EARLY_KV on and off
+    (a race on the step's own K/V would change them), and partial kernels launched with EARLY
+    in the graphs captured when it is on (not the many-token graphs whose programs merge their
+    own partitions), none when off."""
     from mtpserve import SamplingParams
     from mtpserve.kernels import paged_attention_triton as pa
 
-    monkeypatch.setattr(pa, "EARLY_NUM_WARPS", pa.NUM_WARPS)
     llm = _tiny_qwen3_llm(tmp_path)
     prompts = [[5, 9, 33, 2, 71] * 20, list(range(2, 140))]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=1)
@@ -468,14 +463,9 @@ def test_fused_gated_rms_norm_matches_torch():
     print(_fused_check().check_gated_rms_norm("cuda"))
 
 
-@pytest.mark.parametrize("early", [False, True])
-def test_fused_qk_norm_rope_kv_write_matches_torch(early, monkeypatch):
+def test_fused_qk_norm_rope_kv_write_matches_torch():
     """q/k RMSNorm + RoPE + KV-cache write in one kernel against the PyTorch ops, several head
-    shapes, partial rotary, with and without q/k norms; unaddressed cache slots unchanged; with
-    its operands loaded before the PDL wait (fused_triton.EARLY_OPERANDS) and without."""
-    from mtpserve.kernels import fused_triton
-
-    monkeypatch.setattr(fused_triton, "EARLY_OPERANDS", early)
+    shapes, partial rotary, with and without q/k norms; unaddressed cache slots unchanged."""
     print(_fused_check().check_qk_norm_rope_kv_write("cuda"))
 
 

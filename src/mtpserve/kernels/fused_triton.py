@@ -8,11 +8,6 @@ model where a decode step is mostly many tiny kernels. The plain-PyTorch version
 the CPU path and the references these are tested against (tests/fused_kernel_check.py,
 tests/test_gpu.py). All arithmetic is float32 with one rounding to the output dtype per op of
 the unfused path (a fused kernel rounds wherever the chain of unfused ops it replaces did).
-
-The q/k norm + RoPE + K/V write may load its positions, slots, norm weights and cos / sin rows
-before its PDL wait (``EARLY_OPERANDS``, off until measured): the kernel just before it (the
-q/k/v product) writes none of them, and every kernel before that one has finished when it
-starts (kernels/pdl.py); only the heads themselves are read after the wait.
 """
 
 from __future__ import annotations
@@ -24,10 +19,6 @@ import triton.language as tl
 from mtpserve.kernels import pdl
 from mtpserve.kernels.gemv_triton import SplitKPartials
 from mtpserve.kernels.pdl import pdl_wait
-
-# on: qk_norm_rope_kv_write loads what it reads besides the q/k/v heads before its PDL wait
-# (module doc); off until measured on the H200
-EARLY_OPERANDS = False
 
 
 @triton.jit
@@ -209,47 +200,26 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
 
 
 @triton.jit
-def _head_operands(w_ptr, cos_row, sin_row, D: tl.constexpr, HALF: tl.constexpr,
-                   BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr):
-    """What :func:`_norm_rope_head` reads besides the head itself: the norm weight at each
-    channel and at its rotate-half partner (float32 [BLOCK_D] each; zeros without a norm) and
-    the position's cos / signed sin rows (1 / 0 past the rotary channels)."""
-    d = tl.arange(0, BLOCK_D)
-    m = d < D
-    rot = d < 2 * HALF
-    pd = _partner(d, HALF)
-    w = tl.zeros([BLOCK_D], tl.float32)
-    wp = w
-    if HAS_NORM:
-        w = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
-        wp = tl.load(w_ptr + pd, mask=m, other=0.0).to(tl.float32)
-    c = tl.load(cos_row + d, mask=rot, other=1.0)
-    sn = tl.load(sin_row + d, mask=rot, other=0.0)   # first half negated: rotate_half's sign
-    return w, wp, c, sn
-
-
-@triton.jit
-def _partner(d, HALF: tl.constexpr):
-    """Each rotated channel's partner in rotate-half (i <-> i + HALF); other channels their own."""
-    return tl.where(d < HALF, d + HALF, tl.where(d < 2 * HALF, d - HALF, d))
-
-
-@triton.jit
-def _norm_rope_head(src, dst, w, wp, c, sn, eps, D: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+def _norm_rope_head(src, dst, w_ptr, cos_row, sin_row, eps, D: tl.constexpr,
+                    HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
                     ZERO_CENTERED: tl.constexpr):
     """One head: ``src`` [D] -> optional RMSNorm (rounded to src's dtype) -> RoPE on the first
-    ``2 * HALF`` channels (float32, one rounding) -> ``dst`` [D] in dst's dtype; ``w, wp, c,
-    sn`` from :func:`_head_operands`."""
+    ``2 * HALF`` channels (float32, one rounding) -> ``dst`` [D] in dst's dtype."""
     d = tl.arange(0, BLOCK_D)
     m = d < D
     rot = d < 2 * HALF
+    # each rotated channel's partner in rotate-half: i <-> i + HALF
+    pd = tl.where(d < HALF, d + HALF, tl.where(rot, d - HALF, d))
     x = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
-    xp = tl.load(src + _partner(d, HALF), mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(src + pd, mask=m, other=0.0).to(tl.float32)
     if HAS_NORM:
         r = _rms_scale(x, D, eps)
+        w = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + pd, mask=m, other=0.0).to(tl.float32)
         x = _weigh(x, r, w, ZERO_CENTERED).to(src.dtype.element_ty).to(tl.float32)
         xp = _weigh(xp, r, wp, ZERO_CENTERED).to(src.dtype.element_ty).to(tl.float32)
+    c = tl.load(cos_row + d, mask=rot, other=1.0)
+    sn = tl.load(sin_row + d, mask=rot, other=0.0)   # first half negated: rotate_half's sign
     y = tl.where(rot, x * c + xp * sn, x)
     # round as the unfused path does (model dtype), then to the destination's (a KV cache's)
     y = y.to(src.dtype.element_ty).to(dst.dtype.element_ty)
@@ -261,40 +231,33 @@ def _qk_norm_rope_kv_kernel(qkv_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr
                             kc_ptr, vc_ptr, s_qkv, s_qh, k_off, v_off, s_q, s_kc, s_vc, s_tab,
                             eps, HQ: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                             BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-                            ZERO_CENTERED: tl.constexpr, EARLY: tl.constexpr,
-                            PDL: tl.constexpr):
-    if not EARLY:
-        pdl_wait(PDL)
+                            ZERO_CENTERED: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)             # 0..HQ-1: query heads; HQ..: key/value heads
     pos = tl.load(pos_ptr + t)
     row = qkv_ptr + t * s_qkv
     cos_row, sin_row = cos_ptr + pos * s_tab, sin_ptr + pos * s_tab
     if h < HQ:
-        w, wp, c, sn = _head_operands(qw_ptr, cos_row, sin_row, D, HALF, BLOCK_D, HAS_NORM)
-        if EARLY:   # the operands before the wait, the head (the product's output) after
-            pdl_wait(PDL)
-        _norm_rope_head(row + h * s_qh, q_ptr + t * s_q + h * D, w, wp, c, sn, eps, D, HALF,
-                        BLOCK_D, HAS_NORM, ZERO_CENTERED)
+        _norm_rope_head(row + h * s_qh, q_ptr + t * s_q + h * D, qw_ptr, cos_row, sin_row, eps,
+                        D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
     else:
         slot = tl.load(slot_ptr + t).to(tl.int64)
-        w, wp, c, sn = _head_operands(kw_ptr, cos_row, sin_row, D, HALF, BLOCK_D, HAS_NORM)
-        if EARLY:
-            pdl_wait(PDL)
         if slot >= 0:
             kv_head_write(row, k_off, v_off, h - HQ, kc_ptr + slot * s_kc, vc_ptr + slot * s_vc,
-                          D, w, wp, c, sn, eps, D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
+                          D, kw_ptr, cos_row, sin_row, eps, D, HALF, BLOCK_D, HAS_NORM,
+                          ZERO_CENTERED)
 
 
 @triton.jit
-def kv_head_write(row, k_off, v_off, hk, kc_slot, vc_slot, s_head, w, wp, c, sn, eps,
+def kv_head_write(row, k_off, v_off, hk, kc_slot, vc_slot, s_head, kw_ptr, cos_row, sin_row, eps,
                   D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
                   HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     """KV head ``hk`` of one token's ``row`` of qkv into its cache slot (``kc_slot`` /
     ``vc_slot``: the slot's first element, heads ``s_head`` apart): the key normed and rotated
-    (:func:`_norm_rope_head`, with its operands ``w, wp, c, sn``), the value as it is."""
-    _norm_rope_head(row + k_off + hk * D, kc_slot + hk * s_head, w, wp, c, sn, eps, D, HALF,
-                    BLOCK_D, HAS_NORM, ZERO_CENTERED)
+    (:func:`_norm_rope_head`), the value as it is."""
+    _norm_rope_head(row + k_off + hk * D, kc_slot + hk * s_head, kw_ptr, cos_row, sin_row, eps,
+                    D, HALF, BLOCK_D, HAS_NORM, ZERO_CENTERED)
     d = tl.arange(0, BLOCK_D)
     v = tl.load(row + v_off + hk * D + d, mask=d < D)
     tl.store(vc_slot + hk * s_head + d, v.to(vc_slot.dtype.element_ty), mask=d < D)
@@ -355,7 +318,7 @@ def qk_norm_rope_kv_write(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, 
         qkv.stride(0), qs, k_off, k_off + num_kv_heads * D, q.stride(0), k_cache.stride(0),
         v_cache.stride(0), cos.stride(0), eps, HQ=num_heads, D=D, HALF=rot // 2,
         BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm, ZERO_CENTERED=zero_centered,
-        EARLY=EARLY_OPERANDS, **pdl.launch(qkv))
+        **pdl.launch(qkv))
     return q
 
 

@@ -21,7 +21,7 @@ faster on the H200, a batch-1 Qwen3-1.7B step 1.302 ms with it against 1.303-1.3
 8B one 4.033 against 3.988-3.990 (1.1% slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds
 the code).
 
-Loads before the PDL wait (``EARLY_KV``, off until measured): under PDL (kernels/pdl.py) a kernel
+Loads before the PDL wait (``EARLY_KV``): under PDL (kernels/pdl.py) a kernel
 may start while the one before it runs, but every kernel before that one has finished, since that
 one let it launch only after its own wait. The kernel before the attention writes q and this
 step's K/V (or computes q); the lengths, block tables and older K/V come from earlier kernels or
@@ -29,7 +29,9 @@ steps. So where partitions run in parallel programs (few tokens), each program l
 token's length and block-table row and its first tile's keys and values before the wait, and
 after it q and, again, the keys and values of the tile's positions among the context's last T
 (T: the tokens of the launch, at least the step's new tokens in any one sequence). The bits are
-those without it. The plain-PyTorch reference is ``paged_attention.py``."""
+those without it. On the H200 it took a batch-1 step from 1.299 to 1.266 ms at Qwen3-1.7B and
+from 4.032 to 3.989 ms at Qwen3-8B (BENCHMARKS.md, session 24). The plain-PyTorch reference is
+``paged_attention.py``."""
 
 from __future__ import annotations
 
@@ -52,12 +54,12 @@ PROGRAMS_PER_SM = 4
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
 # on: partitions run in parallel programs load their first tile of keys and values before the
-# PDL wait (module doc; off until measured on the H200), then at EARLY_NUM_WARPS warps: the tile
-# held across the wait spills at 4 (sm_90 ptxas, head_dim 128: 280 bytes at 255 registers; 177
-# registers and none at 8)
-EARLY_KV = False
-NUM_WARPS = 4
-EARLY_NUM_WARPS = 8
+# PDL wait (module doc). On the H200 a batch-1 step: Qwen3-1.7B 1.299 -> 1.266 ms, Qwen3-8B
+# 4.032 -> 3.989 (BENCHMARKS.md, session 24, run 3). At the kernel's 4 warps the tile held
+# across the wait spills 280 bytes (sm_90 ptxas, head_dim 128); 8 warps spill none and were
+# 0.3-0.4% faster still, but change the sum order and so the bits against the programs that
+# merge their own partitions (many tokens): a token would get other bits in a larger batch
+EARLY_KV = True
 
 
 # Sizes and views that change from step to step are not specialized on (kernels/jit_options.py):
@@ -268,7 +270,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
     # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
     ke, ve = early_kv or (k_cache, v_cache)
-    early = EARLY_KV and grid_parts > 1
     _partial_kernel[(T, Hkv, grid_parts)](
         q, k_cache, v_cache, ke, ve, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
@@ -276,7 +277,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad, P_PAD=p_pad,
         BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
         SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
-        EARLY=early, num_warps=EARLY_NUM_WARPS if early else NUM_WARPS, **pdl.launch(q))
+        EARLY=EARLY_KV and grid_parts > 1, **pdl.launch(q))
     if grid_parts > 1:
         _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
                                P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))

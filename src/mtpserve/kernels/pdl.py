@@ -12,7 +12,10 @@ attention, and loading each product program's first pipelined weight tile before
 (BENCHMARKS.md, sessions 5, 18, 19, 22). What paid: a one-row product whose tiles are one wave
 loads its whole tile before the wait (kernels/gemv_triton.py, ``PRELOAD``), and a larger one runs
 as one wave that loads its first unit before the wait and streams the rest, taking the norm or
-activation before it into its own programs (kernels/gemv_stream_triton.py, session 23). A PDL boundary
+activation before it into its own programs (kernels/gemv_stream_triton.py, session 23), and the
+paged attention loads its first tile of keys and values before the wait (session 24;
+kernels/paged_attention_triton.py, ``EARLY_KV``); the q/k norm + RoPE kernel loading its
+positions, weights and cos / sin rows there gained nothing (session 24). A PDL boundary
 (~0.9 us on the H200) is also cheaper than any signal through memory inside one persistent
 kernel (benchmarks/gpu_boundary.py, session 22). Letting the
 next kernel launch before this one's wait (session 17) or only after a product's loads (session
