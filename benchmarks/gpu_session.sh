@@ -98,6 +98,8 @@ stream)   # session 23: the streamed one-row product's GPU tests (with fused inp
 final)    # session 24's last check of the tree: the GPU tests but the real model's, the three dense shapes
   timeout 330 python3 -m pytest -q tests/test_gpu.py -k "not graph_replay_equals_eager and not greedy_equal_with_speculation_bf16 and not self_draft_replays" 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
   timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -5
+  timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
+    --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
   timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \
