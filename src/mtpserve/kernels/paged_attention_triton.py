@@ -21,11 +21,12 @@ faster on the H200, a batch-1 Qwen3-1.7B step 1.302 ms with it against 1.303-1.3
 8B one 4.033 against 3.988-3.990 (1.1% slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds
 the code).
 
-Loads before the PDL wait (``EARLY_KV``): under PDL (kernels/pdl.py) a kernel
-may start while the one before it runs, but every kernel before that one has finished, since that
-one let it launch only after its own wait. The kernel before the attention writes q and this
-step's K/V (or computes q); the lengths, block tables and older K/V come from earlier kernels or
-steps. So where partitions run in parallel programs (few tokens), each program loads its
+Loads before the PDL wait (``EARLY_KV``): under PDL (kernels/pdl.py) a kernel may start while
+the one before it runs, but every kernel before that one has finished, since that one let it
+launch only after its own wait (or, a PyTorch kernel such as Qwen3-Next's V write, launched in
+plain stream order after all of them). The kernel before the attention writes q and this step's
+K/V (or computes q); the lengths, block tables and older K/V come from earlier kernels or steps.
+So where partitions run in parallel programs (few tokens), each program loads its
 token's length and block-table row and its first tile's keys and values before the wait, and
 after it q and, again, the keys and values of the tile's positions among the context's last T
 (T: the tokens of the launch, at least the step's new tokens in any one sequence). The bits are
@@ -236,8 +237,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Before its PDL wait (``EARLY_KV`` on, partitions in parallel programs) each program loads
     its token's length, block-table row and its first tile's keys and values; after it, the keys
-    of the last T positions of the context again (module doc). So the kernel just before may
-    write q and this step's own K/V, but not the lengths, the block tables or older K/V.
+    and values of that tile's positions among the context's last T again (module doc). So the
+    kernel just before may write q and this step's own K/V, but not the lengths, the block tables
+    or older K/V.
 
     Args:
         block_tables: [R, max_blocks] int32; table_row: [T] int32/64, each token's row;

@@ -4,8 +4,9 @@ A decode step at batch 1 is ~10 short kernels per layer, and each one's launch a
 between the previous kernel's last store and its own first load. Launched with PDL, a kernel's
 programs may start while the previous kernel is still running: each of our kernels first waits
 until the previous kernel has finished and its stores are visible (``griddepcontrol.wait``),
-before it reads or writes anything, and then lets the next kernel launch
-(``griddepcontrol.launch_dependents``), whose programs get ready while this one works.
+before it reads anything that kernel may write, or writes anything, and then lets the next
+kernel launch (``griddepcontrol.launch_dependents``), whose programs get ready while this one
+works.
 Measured and dropped: an L2 prefetch of the weights before the wait, a bulk L2 prefetch of the
 next product's weight issued by the short kernel before it or from extra programs during
 attention, and loading each product program's first pipelined weight tile before the wait
