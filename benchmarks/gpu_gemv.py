@@ -21,7 +21,7 @@ import json
 import torch
 
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count
-from mtpserve.kernels.gemv_triton import gemv, tile_config
+from mtpserve.kernels.gemv_triton import gemv, register_share, tile_config
 
 # (N, K) of qkv, o, gate_up, down (and the lm_head) per model
 SHAPES = {
@@ -110,7 +110,7 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
             if k % bk:
                 continue
             kw = dict(block_n=bn, block_k=bk, num_warps=warps, programs=per_sm * sm_count(0),
-                      maxnreg=min(65536 // (per_sm * 32 * warps) // 8 * 8, 255))
+                      maxnreg=register_share(per_sm, warps))
             out = gemv_stream(x, ws[0], **kw)
             err = ((out.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (kw, err)

@@ -91,6 +91,7 @@ def check_early_kv(device: str, hq: int, hkv: int, d: int, dtype: str) -> int:
         slots = tables[b, pos // bs].long() * bs + pos % bs
         stale_k[slots] = 1e3
         stale_v[slots] = -1e3
+
     def attend(part, grid, early, caches=(stale_k, stale_v)):
         pa.EARLY_KV = early
         return pa.paged_attention_triton(q, k, v, tables, rows, kv_len, d ** -0.5, bs, part,

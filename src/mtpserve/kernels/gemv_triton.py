@@ -395,9 +395,14 @@ def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
     per_sm = stream.pop("per_sm")
     if not weight.is_cuda:
         return gemv_stream(x, weight, bias, **stream, **kw)
-    regs = 65536 // (per_sm * 32 * stream["num_warps"]) // 8 * 8
     return gemv_stream(x, weight, bias, programs=per_sm * sm_count(weight.device.index or 0),
-                       maxnreg=min(regs, 255), **stream, **kw)
+                       maxnreg=register_share(per_sm, stream["num_warps"]), **stream, **kw)
+
+
+def register_share(per_sm: int, num_warps: int) -> int:
+    """Registers a thread may use so that ``per_sm`` programs of ``num_warps`` warps share one
+    SM's 64K 32-bit registers: a multiple of 8, at most 255 (``maxnreg``)."""
+    return min(65536 // (per_sm * 32 * num_warps) // 8 * 8, 255)
 
 
 def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
