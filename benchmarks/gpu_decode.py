@@ -150,19 +150,21 @@ def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None,
     return rows
 
 
-def recaptured(eng: LLMEngine, shape: str, label: str, module, attr: str, value) -> dict:
-    """Batch-1 decode and forward times and batch-64 tokens/s with ``module.attr = value``
-    (graphs recaptured, then the setting and the graphs restored). Keys of the result start
-    with ``label``."""
-    old = getattr(module, attr)
-    setattr(module, attr, value)
+def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) -> dict:
+    """Batch-1 decode and forward times and batch-64 tokens/s with each (module, attr, value)
+    of ``settings`` set (graphs recaptured, then the settings and the graphs restored). Keys of
+    the result start with ``label``."""
+    old = [(module, attr, getattr(module, attr)) for module, attr, _ in settings]
+    for module, attr, value in settings:
+        setattr(module, attr, value)
     try:
         eng.runner.capture_cuda_graphs()
         step1, _ = decode_run(eng, 1, 128)
         fwd = forward_times(eng)
         _, tps64 = decode_run(eng, 64, 64)
     finally:
-        setattr(module, attr, old)
+        for module, attr, value in old:
+            setattr(module, attr, value)
         eng.runner.capture_cuda_graphs()
     print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
           f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}, b64 {tps64:.0f} tok/s")
@@ -193,8 +195,9 @@ def compare_kernels(eng: LLMEngine, shape: str, which: list[str]) -> dict:
     out = {}
     for i, label in enumerate(which):   # a label named again keys its row label_2, label_3, ...
         n = which[:i + 1].count(label)
-        switch = switches[label] if label in switches else parse_setting(label)
-        out.update(recaptured(eng, shape, label if n == 1 else f"{label}_{n}", *switch))
+        settings = [switches[part] if part in switches else parse_setting(part)
+                    for part in label.split("+")]
+        out.update(recaptured(eng, shape, label if n == 1 else f"{label}_{n}", settings))
     return out
 
 
@@ -252,7 +255,8 @@ def main() -> None:
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
                          "kernels at one row), recaptured, or "
-                         "MODULE:ATTR:VALUE (that constant set, the graphs recaptured): "
+                         "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "
+                         "several joined by '+' set together): "
                          "also time batch-1 decode and batch-64 tok/s with every product on "
                          "cuBLAS, without PDL, with attention partitions always in parallel "
                          "programs and a merge kernel (or always one program per token and KV "
@@ -274,8 +278,9 @@ def main() -> None:
     for spec in a.set:
         set_constant(spec)
     for label in a.compare:   # a typo stops here, before any engine is built
-        if label not in named_switches():
-            parse_setting(label)
+        for part in label.split("+"):
+            if part not in named_switches():
+                parse_setting(part)
     if a.token_map_size is not None and (a.token_map_size < 1 or not a.mtp):
         ap.error("--token-map-size needs N >= 1 and --mtp")
     rows = {}

@@ -61,6 +61,20 @@ TILE = 64
 # 0.3-0.4% faster still, but change the sum order and so the bits against the programs that
 # merge their own partitions (many tokens): a token would get other bits in a larger batch
 EARLY_KV = True
+# Many tokens (one program per (token, KV head)): PAIR_LOOP runs the pair's context as one loop
+# over its tiles (``_pair_kernel``), a partition closing where the loop passes its end, so the
+# loads of the next tiles may be in flight (``PAIR_STAGES``, Triton's software pipelining)
+# while a tile is reduced; off: ``_partial_kernel`` runs the partitions one after another.
+# ONLINE_MERGE folds each closed partition into the output at once (``_fold``), in both the
+# merge kernel and the pair loop, so a pair's partials never go through memory; off: they are
+# stored and merged after the max over all partitions (``_merge_head``). Under measurement
+# (benchmarks/gpu_attention.py), off until the H200 says otherwise.
+PAIR_LOOP = False
+PAIR_STAGES = 2
+ONLINE_MERGE = False
+# warps of the partial and pair kernels: the two must match, as the row sums' order and so a
+# token's bits depend on them (the merge kernel's do not)
+NUM_WARPS = 4
 
 
 # Sizes and views that change from step to step are not specialized on (kernels/jit_options.py):
@@ -75,7 +89,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     P_PAD: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
                     TILE: tl.constexpr, SELF_MERGE: tl.constexpr, PRECISION: tl.constexpr,
-                    EARLY: tl.constexpr, PDL: tl.constexpr):
+                    EARLY: tl.constexpr, ONLINE: tl.constexpr, PDL: tl.constexpr):
     if not EARLY:
         pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
@@ -128,7 +142,88 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
             for j in range(G):   # not unrolled: each merge unrolls its partitions already
                 _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + j) * so_h,
                             (t * tl.num_programs(1) * G + h * G + j) * num_parts, live,
-                            P_PAD, D, D_PAD)
+                            P_PAD, D, D_PAD, ONLINE)
+
+
+@triton.jit(**unspecialized(ints=("s_tab", "num_parts"),
+                            pointers=("tables_ptr", "row_ptr", "len_ptr")))
+def _pair_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
+                 o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
+                 G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                 P_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
+                 PRECISION: tl.constexpr, ONLINE: tl.constexpr, STAGES: tl.constexpr,
+                 PDL: tl.constexpr):
+    """One program per (token, KV head): the token's context as one loop over its tiles, the
+    online softmax of each partition (the spread of ``_spread``) restarting at the partition's
+    first tile, so each partition's m, l and acc have the bits ``_partition`` gives them."""
+    pdl_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    n = tl.load(len_ptr + t)
+    table = tables_ptr + tl.load(row_ptr + t).to(tl.int64) * s_tab
+    span, live = _spread(n, num_parts, TILE)
+    per = span // TILE   # tiles per partition
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    gmask = g < G
+    dmask = d < D
+    q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0).to(k_ptr.dtype.element_ty)
+    heads = t * tl.num_programs(1) * G + h * G + g
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    mo = tl.full([G_PAD], float("-inf"), tl.float32)   # ONLINE: the merged partitions so far
+    lo = tl.zeros([G_PAD], tl.float32)
+    ao = tl.zeros([G_PAD, D_PAD], tl.float32)
+    tiles = tl.cdiv(n, TILE)
+    for j in tl.range(0, tiles, num_stages=STAGES):
+        pos = j * TILE + tl.arange(0, TILE)
+        valid = pos < n   # within the partition's span: its end or the context's
+        k, v = _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, h * sk_h, d, dmask, BLOCK)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        pr = tl.exp(s - m_new[:, None])
+        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PRECISION)
+        l = l * alpha + tl.sum(pr, axis=1)
+        m = m_new
+        if ((j + 1) % per == 0) | (j + 1 == tiles):   # partition j // per closes here
+            if ONLINE:
+                mo, a, b = _fold(mo, m)
+                lo = lo * a + l * b
+                ao = ao * a[:, None] + acc * b[:, None]
+            elif live > 1:
+                out = heads * num_parts + j // per
+                tl.store(m_ptr + out, m, mask=gmask)
+                tl.store(l_ptr + out, l, mask=gmask)
+                tl.store(acc_ptr + out[:, None] * D_PAD + d[None, :], acc, mask=gmask[:, None])
+            else:
+                mo, lo, ao = m, l, acc
+            m = tl.full([G_PAD], float("-inf"), tl.float32)
+            l = tl.zeros([G_PAD], tl.float32)
+            acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    if ONLINE | (live == 1):
+        tl.store(o_ptr + t * so_t + (h * G + g)[:, None] * so_h + d[None, :],
+                 (ao / lo[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=gmask[:, None] & dmask[None, :])
+    else:
+        tl.debug_barrier()   # the block's partial stores are visible to all its threads
+        for jh in range(G):
+            _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + jh) * so_h,
+                        (t * tl.num_programs(1) * G + h * G + jh) * num_parts, live,
+                        P_PAD, D, D_PAD, False)   # not ONLINE here
+
+
+@triton.jit
+def _fold(mo, m):
+    """The online merge of partials (m, l, acc) into merged ones (mo, lo, ao): returns (mx, a,
+    b), and the caller takes ``lo * a + l * b`` and ``ao * a + acc * b`` (a and b broadcast
+    over head_dim), the same operations for one head as for a block of heads. The first fold
+    (mo = -inf, lo = ao = 0) gives (m, l, acc) exactly."""
+    mx = tl.maximum(mo, m)
+    return mx, tl.exp(mo - mx), tl.exp(m - mx)
 
 
 @triton.jit
@@ -184,39 +279,50 @@ def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dma
 
 @triton.jit
 def _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr, base, parts, P_PAD: tl.constexpr, D: tl.constexpr,
-                D_PAD: tl.constexpr):
+                D_PAD: tl.constexpr, ONLINE: tl.constexpr):
     """Merge the first ``parts`` partial softmaxes at rows ``base ..`` into one head's output
     (read from L2, where the partial kernel's programs or this program's threads stored them).
     The sums run partition after partition in a fixed order, not as a tree whose shape the
-    compiler picks, so the merge kernel and a self-merging partial program give the same bits."""
+    compiler picks, so the merge kernel and a self-merging partial program give the same bits.
+    ONLINE: each partition folded in turn (``_fold``), as the pair loop folds them."""
     p = tl.arange(0, P_PAD)
     d = tl.arange(0, D_PAD)
-    m_max = tl.max(tl.load(m_ptr + base + p, mask=p < parts, other=float("-inf"),
-                           cache_modifier=".cg"), axis=0)   # a max is exact in any order
+    if ONLINE:
+        m_max = float("-inf")
+    else:
+        m_max = tl.max(tl.load(m_ptr + base + p, mask=p < parts, other=float("-inf"),
+                               cache_modifier=".cg"), axis=0)   # a max is exact in any order
     o = tl.zeros([D_PAD], tl.float32)
     den = 0.0
     for j in tl.static_range(P_PAD):   # masked, not branched: the loads can all be in flight
         live = j < parts
-        w = tl.exp(tl.load(m_ptr + base + j, mask=live, other=float("-inf"),
-                           cache_modifier=".cg") - m_max)
-        den += tl.load(l_ptr + base + j, mask=live, other=0.0, cache_modifier=".cg") * w
+        mj = tl.load(m_ptr + base + j, mask=live, other=float("-inf"), cache_modifier=".cg")
+        lj = tl.load(l_ptr + base + j, mask=live, other=0.0, cache_modifier=".cg")
         # [D_PAD] mask: the interpreter takes no scalar mask for a vector load
-        o += tl.load(acc_ptr + (base + j) * D_PAD + d, mask=d * 0 + j < parts, other=0.0,
-                     cache_modifier=".cg") * w
+        aj = tl.load(acc_ptr + (base + j) * D_PAD + d, mask=d * 0 + j < parts, other=0.0,
+                     cache_modifier=".cg")
+        if ONLINE:   # a masked partition: a = 1, b = 0, nothing changes
+            m_max, a, b = _fold(m_max, mj)
+            den = den * a + lj * b
+            o = o * a + aj * b
+        else:
+            w = tl.exp(mj - m_max)
+            den += lj * w
+            o += aj * w
     tl.store(o_ptr + d, (o / den).to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit(**unspecialized(ints=("num_parts",), pointers=("len_ptr",)))
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, so_t, so_h, num_parts,
                   P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                  TILE: tl.constexpr, PDL: tl.constexpr):
+                  TILE: tl.constexpr, ONLINE: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     _, live = _spread(tl.load(len_ptr + t), num_parts, TILE)
     if live > 1:   # else the partition kernel wrote the output itself
         _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + hq * so_h,
-                    (t * tl.num_programs(1) + hq) * num_parts, live, P_PAD, D, D_PAD)
+                    (t * tl.num_programs(1) + hq) * num_parts, live, P_PAD, D, D_PAD, ONLINE)
 
 
 @triton.jit
@@ -272,17 +378,27 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
     # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
     ke, ve = early_kv or (k_cache, v_cache)
+    precision = "ieee" if k_cache.dtype == torch.float32 else None
+    g_pad = max(16, triton.next_power_of_2(G))
+    if grid_parts == 1 and PAIR_LOOP:
+        _pair_kernel[(T, Hkv)](
+            q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, scale,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            block_tables.stride(0), out.stride(0), out.stride(1), num_parts, G=G, G_PAD=g_pad,
+            D=D, D_PAD=d_pad, P_PAD=p_pad, BLOCK=block_size, TILE=tile, PRECISION=precision,
+            ONLINE=ONLINE_MERGE, STAGES=PAIR_STAGES, num_warps=NUM_WARPS, **pdl.launch(q))
+        return out
     _partial_kernel[(T, Hkv, grid_parts)](
         q, k_cache, v_cache, ke, ve, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), num_parts, T, G=G,
-        G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=d_pad, P_PAD=p_pad,
-        BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
-        SELF_MERGE=grid_parts == 1, PRECISION="ieee" if k_cache.dtype == torch.float32 else None,
-        EARLY=EARLY_KV and grid_parts > 1, **pdl.launch(q))
+        out.stride(0), out.stride(1), num_parts, T, G=G, G_PAD=g_pad, D=D, D_PAD=d_pad,
+        P_PAD=p_pad, BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
+        SELF_MERGE=grid_parts == 1, PRECISION=precision, EARLY=EARLY_KV and grid_parts > 1,
+        ONLINE=ONLINE_MERGE, num_warps=NUM_WARPS, **pdl.launch(q))
     if grid_parts > 1:
         _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
-                               P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))
+                               P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, ONLINE=ONLINE_MERGE,
+                               **pdl.launch(q))
     return out
 
 

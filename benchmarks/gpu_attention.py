@@ -1,0 +1,132 @@
+"""The paged attention kernel alone (kernels/paged_attention_triton.py) at the benchmark models'
+head layouts, batch sizes and context lengths, under module switches (the variants below).
+
+    python benchmarks/gpu_attention.py [--shapes 8b 1.7b 135m] [--batch 1 16 64]
+        [--context 160 1024 4096] [--variants base online pair ...] [--json FILE]
+
+Each case: ``batch`` sequences of ``context`` keys (each decoding one token) in a cache of
+``max_model_len`` 4096 (256 blocks of 16, partitions of 128 keys: the engine's table width
+and spread), K/V in bfloat16. Times are CUDA-graph replays of back-to-back calls (gpu_gemv's
+``graph_time``), each on another copy of the caches (copies spanning >= 192 MB, past the 50 MB
+L2), as each layer of a step reads its own. Prints microseconds per call per variant, the K/V
+bytes per microsecond, and whether each variant's output has the bits of the variant it must
+match: the first variant with the same ONLINE_MERGE and NUM_WARPS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from gpu_gemv import graph_time
+from mtpserve.kernels import paged_attention_triton as pa
+from mtpserve.kernels.paged_attention import partition_size
+
+SHAPES = {"8b": (32, 8, 128), "1.7b": (16, 8, 128), "135m": (9, 3, 64)}   # (Hq, Hkv, D)
+BLOCK = 16
+MAX_MODEL_LEN = 4096
+COLD_BYTES = 192 << 20
+# name -> module switches; grid2 / grid4: the pair's partitions in 2 / 4 parallel programs and
+# the merge kernel (the schedule below SELF_MERGE_PROGRAMS_PER_SM pairs per SM)
+VARIANTS = {
+    "base": {},
+    "online": {"ONLINE_MERGE": True},
+    "pair1": {"PAIR_LOOP": True, "PAIR_STAGES": 1},
+    "pair2": {"PAIR_LOOP": True, "PAIR_STAGES": 2},
+    "pair3": {"PAIR_LOOP": True, "PAIR_STAGES": 3},
+    "pair1_online": {"PAIR_LOOP": True, "PAIR_STAGES": 1, "ONLINE_MERGE": True},
+    "pair2_online": {"PAIR_LOOP": True, "PAIR_STAGES": 2, "ONLINE_MERGE": True},
+    "pair3_online": {"PAIR_LOOP": True, "PAIR_STAGES": 3, "ONLINE_MERGE": True},
+    "base_w8": {"NUM_WARPS": 8},
+    "online_w8": {"ONLINE_MERGE": True, "NUM_WARPS": 8},
+    "pair1_online_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 1, "ONLINE_MERGE": True,
+                        "NUM_WARPS": 8},
+    "pair2_online_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 2, "ONLINE_MERGE": True,
+                        "NUM_WARPS": 8},
+    "pair3_online_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 3, "ONLINE_MERGE": True,
+                        "NUM_WARPS": 8},
+    "pair2_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 2, "NUM_WARPS": 8},
+    "grid2": {"SELF_MERGE_PROGRAMS_PER_SM": 10 ** 9, "PROGRAMS_PER_SM": 2},
+    "grid2_online": {"SELF_MERGE_PROGRAMS_PER_SM": 10 ** 9, "PROGRAMS_PER_SM": 2,
+                     "ONLINE_MERGE": True},
+}
+
+
+def case(shape: str, batch: int, context: int, copies: int):
+    """(q, [(k, v)] * copies, block tables, rows, lengths, part_size) for ``batch`` sequences
+    of ``context`` keys, blocks shuffled over a cache of exactly their size."""
+    hq, hkv, d = SHAPES[shape]
+    g = torch.Generator().manual_seed(batch * 7919 + context)
+    per = -(-context // BLOCK)
+    blocks = batch * per
+    width = MAX_MODEL_LEN // BLOCK
+    tables = torch.zeros(batch, width, dtype=torch.int32)
+    tables[:, :per] = torch.randperm(blocks, generator=g).to(torch.int32).view(batch, per)
+    torch.cuda.manual_seed(batch * 7919 + context)
+    caches = [(torch.randn(blocks * BLOCK, hkv, d, device="cuda", dtype=torch.bfloat16),
+               torch.randn(blocks * BLOCK, hkv, d, device="cuda", dtype=torch.bfloat16))
+              for _ in range(copies)]
+    q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16)
+    rows = torch.arange(batch, dtype=torch.int32, device="cuda")
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    return q, caches, tables.to("cuda"), rows, lens, partition_size(MAX_MODEL_LEN, BLOCK)
+
+
+def run_variant(switches: dict, q, caches, tables, rows, lens, part):
+    """(microseconds per call, output of the first copy) with ``switches`` set on the module
+    (restored after)."""
+    old = {k: getattr(pa, k) for k in switches}
+    for k, v in switches.items():
+        setattr(pa, k, v)
+    d = q.shape[-1]
+    try:
+        def call(i):
+            k, v = caches[i % len(caches)]
+            return pa.paged_attention_triton(q, k, v, tables, rows, lens, d ** -0.5, BLOCK, part)
+        out = call(0)
+        us = graph_time(call, reps=max(20, len(caches)))
+    finally:
+        for k, v in old.items():
+            setattr(pa, k, v)
+    return us, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["8b", "1.7b", "135m"], choices=SHAPES)
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 16, 64])
+    ap.add_argument("--context", nargs="+", type=int, default=[160, 1024, 4096])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows_out = []
+    for shape in args.shapes:
+        hq, hkv, d = SHAPES[shape]
+        for batch in args.batch:
+            for context in args.context:
+                kv_bytes = 2 * batch * context * hkv * d * 2
+                copies = max(1, -(-COLD_BYTES // kv_bytes))
+                q, caches, tables, rows, lens, part = case(shape, batch, context, copies)
+                ref = {}
+                line = f"{shape:5} b{batch:<3} ctx {context:<5}"
+                for name in args.variants:
+                    us, out = run_variant(VARIANTS[name], q, caches, tables, rows, lens, part)
+                    sw = VARIANTS[name]
+                    kind = (sw.get("ONLINE_MERGE", False), sw.get("NUM_WARPS", 4))
+                    same = bool(torch.equal(out, ref.setdefault(kind, out)))
+                    line += f" | {name} {us:7.2f}{'' if same else ' BITS DIFFER'}"
+                    rows_out.append(dict(shape=shape, batch=batch, context=context,
+                                         variant=name, us=us, kv_gb_s=kv_bytes / us / 1e3,
+                                         bits_equal=same))
+                print(line, flush=True)
+                del caches
+                torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows_out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
