@@ -10,7 +10,7 @@ and spread), K/V in bfloat16. Times are CUDA-graph replays of back-to-back calls
 ``graph_time``), each on another copy of the caches (copies spanning >= 192 MB, past the 50 MB
 L2), as each layer of a step reads its own. Prints microseconds per call per variant, the K/V
 bytes per microsecond, and whether each variant's output has the bits of the variant it must
-match: the first variant with the same ONLINE_MERGE and NUM_WARPS.
+match: the first variant with the same NUM_WARPS.
 """
 
 from __future__ import annotations
@@ -28,29 +28,17 @@ SHAPES = {"8b": (32, 8, 128), "1.7b": (16, 8, 128), "135m": (9, 3, 64)}   # (Hq,
 BLOCK = 16
 MAX_MODEL_LEN = 4096
 COLD_BYTES = 192 << 20
-# name -> module switches; grid2 / grid4: the pair's partitions in 2 / 4 parallel programs and
-# the merge kernel (the schedule below SELF_MERGE_PROGRAMS_PER_SM pairs per SM)
+# name -> module switches. Session 25's run 1 (commit 807253b) also timed the partitions run one
+# after another in a program and merged after their max, with and without the online merge
+# and the pair loop (since removed; BENCHMARKS.md). grid2: the pair's partitions in two
+# parallel programs and the merge kernel (the schedule below SELF_MERGE_PROGRAMS_PER_SM pairs
+# per SM); stages1 / stages3: the pair loop's software pipelining; w8: 8 warps
 VARIANTS = {
     "base": {},
-    "online": {"ONLINE_MERGE": True},
-    "pair1": {"PAIR_LOOP": True, "PAIR_STAGES": 1},
-    "pair2": {"PAIR_LOOP": True, "PAIR_STAGES": 2},
-    "pair3": {"PAIR_LOOP": True, "PAIR_STAGES": 3},
-    "pair1_online": {"PAIR_LOOP": True, "PAIR_STAGES": 1, "ONLINE_MERGE": True},
-    "pair2_online": {"PAIR_LOOP": True, "PAIR_STAGES": 2, "ONLINE_MERGE": True},
-    "pair3_online": {"PAIR_LOOP": True, "PAIR_STAGES": 3, "ONLINE_MERGE": True},
-    "base_w8": {"NUM_WARPS": 8},
-    "online_w8": {"ONLINE_MERGE": True, "NUM_WARPS": 8},
-    "pair1_online_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 1, "ONLINE_MERGE": True,
-                        "NUM_WARPS": 8},
-    "pair2_online_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 2, "ONLINE_MERGE": True,
-                        "NUM_WARPS": 8},
-    "pair3_online_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 3, "ONLINE_MERGE": True,
-                        "NUM_WARPS": 8},
-    "pair2_w8": {"PAIR_LOOP": True, "PAIR_STAGES": 2, "NUM_WARPS": 8},
+    "stages1": {"PAIR_STAGES": 1},
+    "stages3": {"PAIR_STAGES": 3},
+    "w8": {"NUM_WARPS": 8},
     "grid2": {"SELF_MERGE_PROGRAMS_PER_SM": 10 ** 9, "PROGRAMS_PER_SM": 2},
-    "grid2_online": {"SELF_MERGE_PROGRAMS_PER_SM": 10 ** 9, "PROGRAMS_PER_SM": 2,
-                     "ONLINE_MERGE": True},
 }
 
 
@@ -113,8 +101,7 @@ def main() -> None:
                 line = f"{shape:5} b{batch:<3} ctx {context:<5}"
                 for name in args.variants:
                     us, out = run_variant(VARIANTS[name], q, caches, tables, rows, lens, part)
-                    sw = VARIANTS[name]
-                    kind = (sw.get("ONLINE_MERGE", False), sw.get("NUM_WARPS", 4))
+                    kind = VARIANTS[name].get("NUM_WARPS", pa.NUM_WARPS)
                     same = bool(torch.equal(out, ref.setdefault(kind, out)))
                     line += f" | {name} {us:7.2f}{'' if same else ' BITS DIFFER'}"
                     rows_out.append(dict(shape=shape, batch=batch, context=context,

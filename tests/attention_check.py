@@ -37,7 +37,7 @@ def check_paged_attention(device: str, hq: int, hkv: int, d: int, dtype: str,
     """Decode, verify and prefill-like tokens over contexts of 1 to 2100 keys (``big``; else 1
     to 300), at two partition sizes: within 1e-5 (float32) or 1e-2 (bfloat16) of float64; the
     same bits on a repeat (after a call that left other partials behind), with every grid
-    (one program per (token, KV head) merging itself, two, one per partition) and for a token
+    (one program per (token, KV head): the pair kernel; two; one per partition) and for a token
     alone as in its batch."""
     from mtpserve.kernels.paged_attention import build_torch_metadata, paged_attention_ref
     from mtpserve.kernels.paged_attention_triton import paged_attention_triton

@@ -1,7 +1,7 @@
 """The Triton paged attention (kernels/paged_attention_triton.py) on the CPU under Triton's
 interpreter (float32, in a subprocess: tests/interpreted.py): partitions spread over short
-contexts, programs that merge their own partitions, and the separate merge kernel. The same checks in
-float32 and bfloat16 on CUDA: tests/test_gpu.py."""
+contexts, one program per (token, KV head) over all its partitions (the pair kernel), and the
+separate merge kernel. The same checks in float32 and bfloat16 on CUDA: tests/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ print("RESULT", json.dumps(attention_check.check_paged_attention("cpu", 4, 2, 32
 def test_paged_attention_under_triton_interpreter():
     """check_paged_attention("cpu", Hq 4, Hkv 2, D 32): 5 sequences (1 to 9 query tokens,
     contexts 1 to 300 keys), partitions of 64 and 256 keys: within 1e-5 of float64; the same
-    bits from every grid (self-merging programs, two per (token, KV head), one per partition)
+    bits from every grid (the pair kernel, two programs per (token, KV head), one per partition)
     and for a token alone as in its batch."""
     worst = json.loads(run_interpreted(_CODE))
     assert set(worst) == {"64", "256"} and all(0 < e < 1e-5 for e in worst.values()), worst

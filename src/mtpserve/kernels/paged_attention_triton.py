@@ -6,20 +6,21 @@ decode tokens, verify tokens (k + 1 per sequence) and prefill tokens, with shape
 only on the number of tokens, so CUDA graphs can capture it. A token's context is cut into
 partitions (the split-K of flash-decoding, Dao et al. 2023), spread evenly, whole tiles each, so
 a short context runs its tiles in parallel too; each partition runs an online softmax (Milakov &
-Gimelshein 2018) for all query heads sharing its KV head (GQA), and the partial results are
-merged. The partitions depend only on the context length and the table width, never on the
+Gimelshein 2018) for all query heads sharing its KV head (GQA), and the partitions are merged
+one after another in a fixed order (an online merge, kernels/paged_attention_tiles.py
+``fold``). The partitions depend only on the context length and the table width, never on the
 batch, so a token gets the same bits in any batch. How they are run does depend on the batch:
 few tokens get one program per (token, KV head, partition) and a second kernel merges; many
 tokens (at least ``SELF_MERGE_PROGRAMS_PER_SM`` (token, KV head) pairs per SM) get one program
-per (token, KV head) that runs its partitions one after another and merges them itself, so no
-program is launched for a partition past the context and no merge kernel runs. (The last of
-a pair's parallel programs merging them, counted by kernels/arrival.py, in place of the merge
-kernel was slower on the H200, one query head after another or all at once, and the latter
-compiled in seconds: BENCHMARKS.md, session 20.) The partial kernel doing a one-token step's
-q/k norms, RoPE and K/V write itself (one kernel fewer a layer) was measured and removed: no
-faster on the H200, a batch-1 Qwen3-1.7B step 1.302 ms with it against 1.303-1.304 without, an
-8B one 4.033 against 3.988-3.990 (1.1% slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds
-the code).
+per (token, KV head) that runs its context as one loop over tiles and folds each partition in
+as it ends (kernels/paged_attention_pair.py), so no program is launched for a partition past the
+context and no merge kernel runs. (The last of a pair's parallel programs merging them,
+counted by kernels/arrival.py, in place of the merge kernel was slower on the H200, one query
+head after another or all at once, and the latter compiled in seconds: BENCHMARKS.md, session
+20.) The partial kernel doing a one-token step's q/k norms, RoPE and K/V write itself (one
+kernel fewer a layer) was measured and removed: no faster on the H200, a batch-1 Qwen3-1.7B
+step 1.302 ms with it against 1.303-1.304 without, an 8B one 4.033 against 3.988-3.990 (1.1%
+slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds the code).
 
 Loads before the PDL wait (``EARLY_KV``): under PDL (kernels/pdl.py) a kernel may start while
 the one before it runs, but every kernel before that one has finished, since that one let it
@@ -44,12 +45,15 @@ import triton.language as tl
 
 from mtpserve.kernels import pdl
 from mtpserve.kernels.jit_options import unspecialized
+from mtpserve.kernels.paged_attention_pair import pair_kernel
+from mtpserve.kernels.paged_attention_tiles import fold, spread, tile_kv, tile_step
 from mtpserve.kernels.pdl import pdl_wait
 
 MIN_P_PAD = 16   # partitions a merge is compiled for, at least
 
-# one program per (token, KV head) merging its own partitions once there are this many pairs per
-# SM; below, the partitions of a pair run in parallel programs (up to PROGRAMS_PER_SM per SM)
+# one program per (token, KV head) running all its partitions (kernels/paged_attention_pair.py)
+# once there are this many pairs per SM; below, the partitions of a pair run in parallel programs
+# (up to PROGRAMS_PER_SM per SM) and a second kernel merges them
 SELF_MERGE_PROGRAMS_PER_SM = 2
 PROGRAMS_PER_SM = 4
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
@@ -58,24 +62,16 @@ TILE = 64
 # PDL wait (module doc). On the H200 a batch-1 step: Qwen3-1.7B 1.299 -> 1.266 ms, Qwen3-8B
 # 4.032 -> 3.989 (BENCHMARKS.md, session 24, run 3). At the kernel's 4 warps the tile held
 # across the wait spills 280 bytes (sm_90 ptxas, head_dim 128); 8 warps spill none and were
-# 0.3-0.4% faster still, but change the sum order and so the bits against the programs that
-# merge their own partitions (many tokens): a token would get other bits in a larger batch
+# 0.3-0.4% faster still, but change the sum order and so the bits against the pair kernel's
+# programs (many tokens, NUM_WARPS): a token would get other bits in a larger batch
 EARLY_KV = True
-# Many tokens (one program per (token, KV head)): PAIR_LOOP runs the pair's context as one loop
-# over its tiles (``_pair_kernel``), a partition closing where the loop passes its end, so the
-# loads of the next tiles may be in flight (``PAIR_STAGES``, Triton's software pipelining)
-# while a tile is reduced; off: ``_partial_kernel`` runs the partitions one after another.
-# ONLINE_MERGE folds each closed partition into the output at once (``_fold``), in both the
-# merge kernel and the pair loop, so a pair's partials never go through memory; off: they are
-# stored and merged after the max over all partitions (``_merge_head``). On the H200 (session
-# 25, benchmarks/gpu_attention.py) the two together took Qwen3-8B's attention at 64 tokens of
-# 160-key contexts from 41.5 to 20.4 us (1024 keys: 155 -> 88; 4096: 510 -> 338) and its
-# batch-64 decode from 9.9k to 11.0k tokens/s; either alone gained little or lost.
-PAIR_LOOP = True
+# software-pipelined stages of the pair kernel's tile loop (kernels/paged_attention_pair.py);
+# on the H200 2 and 3 were alike and 1 slower (session 25, benchmarks/gpu_attention.py)
 PAIR_STAGES = 2
-ONLINE_MERGE = True
 # warps of the partial and pair kernels: the two must match, as the row sums' order and so a
-# token's bits depend on them (the merge kernel's do not)
+# token's bits depend on them (the merge kernel's do not). 8 were 0.3-0.4% faster at batch 1
+# (session 24) and at 64 tokens of short contexts (session 25), but slower at 16 tokens and at
+# one token of 1024 keys (session 25, benchmarks/gpu_attention.py)
 NUM_WARPS = 4
 
 
@@ -89,9 +85,8 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
                     l_ptr, acc_ptr, o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h,
                     num_parts, fresh,
                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                    P_PAD: tl.constexpr, BLOCK: tl.constexpr, PART: tl.constexpr,
-                    TILE: tl.constexpr, SELF_MERGE: tl.constexpr, PRECISION: tl.constexpr,
-                    EARLY: tl.constexpr, ONLINE: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr,
+                    PRECISION: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     if not EARLY:
         pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)   # scratch rows: T * Hq * parts * D_PAD may pass 2^31
@@ -101,7 +96,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
     table = tables_ptr + row * s_tab
     # the context is spread evenly over the partitions, whole tiles each: a short context keeps
     # its few tiles apart in parallel programs, a long one uses every partition
-    span, live = _spread(n, num_parts, TILE)
+    span, live = spread(n, num_parts, TILE)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     gmask = g < G
@@ -110,10 +105,10 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
     if EARLY:   # this program's first tile before the wait (module doc), its fresh keys after
         pos = p0 * span + tl.arange(0, TILE)
         end = tl.minimum(n, p0 * span + span)
-        k0, v0 = _tile_kv(ke_ptr, ve_ptr, table, pos, pos < end, sk_s, h * sk_h, d, dmask, BLOCK)
+        k0, v0 = tile_kv(ke_ptr, ve_ptr, table, pos, pos < end, sk_s, h * sk_h, d, dmask, BLOCK)
         pdl_wait(PDL)
         new = (pos < end) & (pos >= n - fresh)
-        k1, v1 = _tile_kv(k_ptr, v_ptr, table, pos, new, sk_s, h * sk_h, d, dmask, BLOCK)
+        k1, v1 = tile_kv(k_ptr, v_ptr, table, pos, new, sk_s, h * sk_h, d, dmask, BLOCK)
         k0 = tl.where(new[:, None], k1, k0)
         v0 = tl.where(new[:, None], v1, v0)
     else:   # not used
@@ -138,110 +133,6 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
             tl.store(m_ptr + out, m, mask=gmask)
             tl.store(l_ptr + out, l, mask=gmask)
             tl.store(acc_ptr + out[:, None] * D_PAD + d[None, :], acc, mask=gmask[:, None])
-    if SELF_MERGE:   # this program ran every partition of its (token, KV head): merge here
-        if live > 1:
-            tl.debug_barrier()   # the block's partial stores are visible to all its threads
-            for j in range(G):   # not unrolled: each merge unrolls its partitions already
-                _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + j) * so_h,
-                            (t * tl.num_programs(1) * G + h * G + j) * num_parts, live,
-                            P_PAD, D, D_PAD, ONLINE)
-
-
-@triton.jit(**unspecialized(ints=("s_tab", "num_parts"),
-                            pointers=("tables_ptr", "row_ptr", "len_ptr")))
-def _pair_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, m_ptr, l_ptr, acc_ptr,
-                 o_ptr, scale, sq_t, sq_h, sk_s, sk_h, s_tab, so_t, so_h, num_parts,
-                 G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                 P_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
-                 PRECISION: tl.constexpr, ONLINE: tl.constexpr, STAGES: tl.constexpr,
-                 PDL: tl.constexpr):
-    """One program per (token, KV head): the token's context as one loop over its tiles, the
-    online softmax of each partition (the spread of ``_spread``) restarting at the partition's
-    first tile, so each partition's m, l and acc have the bits ``_partition`` gives them."""
-    pdl_wait(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    n = tl.load(len_ptr + t)
-    table = tables_ptr + tl.load(row_ptr + t).to(tl.int64) * s_tab
-    span, live = _spread(n, num_parts, TILE)
-    per = span // TILE   # tiles per partition
-    g = tl.arange(0, G_PAD)
-    d = tl.arange(0, D_PAD)
-    gmask = g < G
-    dmask = d < D
-    q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0).to(k_ptr.dtype.element_ty)
-    heads = t * tl.num_programs(1) * G + h * G + g
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    mo = tl.full([G_PAD], float("-inf"), tl.float32)   # ONLINE: the merged partitions so far
-    lo = tl.zeros([G_PAD], tl.float32)
-    ao = tl.zeros([G_PAD, D_PAD], tl.float32)
-    tiles = tl.cdiv(n, TILE)
-    for j in tl.range(0, tiles, num_stages=STAGES):
-        pos = j * TILE + tl.arange(0, TILE)
-        valid = pos < n   # within the partition's span: its end or the context's
-        k, v = _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, h * sk_h, d, dmask, BLOCK)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        pr = tl.exp(s - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PRECISION)
-        l = l * alpha + tl.sum(pr, axis=1)
-        m = m_new
-        if ((j + 1) % per == 0) | (j + 1 == tiles):   # partition j // per closes here
-            if ONLINE:
-                mo, a, b = _fold(mo, m)
-                lo = lo * a + l * b
-                ao = ao * a[:, None] + acc * b[:, None]
-            elif live > 1:
-                out = heads * num_parts + j // per
-                tl.store(m_ptr + out, m, mask=gmask)
-                tl.store(l_ptr + out, l, mask=gmask)
-                tl.store(acc_ptr + out[:, None] * D_PAD + d[None, :], acc, mask=gmask[:, None])
-            else:
-                mo, lo, ao = m, l, acc
-            m = tl.full([G_PAD], float("-inf"), tl.float32)
-            l = tl.zeros([G_PAD], tl.float32)
-            acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    if ONLINE | (live == 1):
-        tl.store(o_ptr + t * so_t + (h * G + g)[:, None] * so_h + d[None, :],
-                 (ao / lo[:, None]).to(o_ptr.dtype.element_ty),
-                 mask=gmask[:, None] & dmask[None, :])
-    else:
-        tl.debug_barrier()   # the block's partial stores are visible to all its threads
-        for jh in range(G):
-            _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + (h * G + jh) * so_h,
-                        (t * tl.num_programs(1) * G + h * G + jh) * num_parts, live,
-                        P_PAD, D, D_PAD, False)   # not ONLINE here
-
-
-@triton.jit
-def _fold(mo, m):
-    """The online merge of partials (m, l, acc) into merged ones (mo, lo, ao): returns (mx, a,
-    b), and the caller takes ``lo * a + l * b`` and ``ao * a + acc * b`` (a and b broadcast
-    over head_dim), the same operations for one head as for a block of heads. The first fold
-    (mo = -inf, lo = ao = 0) gives (m, l, acc) exactly."""
-    # one exponential: the side whose max is the larger gets weight exp(0) = 1 exactly, the
-    # other exp(-|m - mo|) (a masked partition, m = -inf: a = 1, b = 0)
-    up = m > mo
-    e = tl.exp(-tl.abs(m - mo))
-    return tl.maximum(mo, m), tl.where(up, e, 1.0), tl.where(up, 1.0, e)
-
-
-@triton.jit
-def _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask, BLOCK: tl.constexpr):
-    """Keys and values [TILE, D_PAD] (the cache's dtype) of context positions ``pos`` where
-    ``valid`` (zeros elsewhere): every key's block id and slot at once, so the loads of a tile
-    do not wait on each other."""
-    blk = tl.load(table + pos // BLOCK, mask=valid, other=0)
-    slot = blk.to(tl.int64) * BLOCK + pos % BLOCK
-    kv_mask = valid[:, None] & dmask[None, :]
-    kv_off = slot[:, None] * sk_s + head_off + d[None, :]
-    return (tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0),
-            tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0))
 
 
 @triton.jit
@@ -249,11 +140,11 @@ def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dma
                at_k0, EARLY: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
                BLOCK: tl.constexpr, PART: tl.constexpr, TILE: tl.constexpr,
                PRECISION: tl.constexpr):
-    """Online softmax (Milakov & Gimelshein 2018) of ``q`` [G_PAD, D_PAD] over context
-    positions ``first .. end`` (``table``: the sequence's block-table row); returns the running
-    max m [G_PAD], denominator l [G_PAD] and unnormalised output acc [G_PAD, D_PAD] (float32).
-    With EARLY, where ``at_k0``, the first tile's keys and values are ``k0`` / ``v0`` [TILE,
-    D_PAD], loaded already."""
+    """Online softmax of ``q`` [G_PAD, D_PAD] over context positions ``first .. end``
+    (``table``: the sequence's block-table row); returns the running max m [G_PAD],
+    denominator l [G_PAD] and unnormalised output acc [G_PAD, D_PAD] (float32). With EARLY,
+    where ``at_k0``, the first tile's keys and values are ``k0`` / ``v0`` [TILE, D_PAD],
+    loaded already."""
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -261,81 +152,47 @@ def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dma
         if first + i < end:  # tiles past the context are skipped
             pos = first + i + tl.arange(0, TILE)
             valid = pos < end
-            # the cache's own dtype into the dots (float32 accumulation): keeps a tile's keys and
-            # values in registers at head_dim 256
             if EARLY:
                 if at_k0 & (i == 0):
                     k, v = k0, v0
                 else:
-                    k, v = _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask,
-                                    BLOCK)
+                    k, v = tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask,
+                                   BLOCK)
             else:
-                k, v = _tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask, BLOCK)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale       # [G_PAD, TILE]
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))   # finite: the tile has a valid key
-            alpha = tl.exp(m - m_new)
-            pr = tl.exp(s - m_new[:, None])
-            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PRECISION)
-            l = l * alpha + tl.sum(pr, axis=1)
-            m = m_new
+                k, v = tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask, BLOCK)
+            m, l, acc = tile_step(q, k, v, valid, m, l, acc, scale, PRECISION)
     return m, l, acc
-
-
-@triton.jit
-def _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr, base, parts, P_PAD: tl.constexpr, D: tl.constexpr,
-                D_PAD: tl.constexpr, ONLINE: tl.constexpr):
-    """Merge the first ``parts`` partial softmaxes at rows ``base ..`` into one head's output
-    (read from L2, where the partial kernel's programs or this program's threads stored them).
-    The sums run partition after partition in a fixed order, not as a tree whose shape the
-    compiler picks, so the merge kernel and a self-merging partial program give the same bits.
-    ONLINE: each partition folded in turn (``_fold``), as the pair loop folds them."""
-    p = tl.arange(0, P_PAD)
-    d = tl.arange(0, D_PAD)
-    if ONLINE:
-        m_max = float("-inf")
-    else:
-        m_max = tl.max(tl.load(m_ptr + base + p, mask=p < parts, other=float("-inf"),
-                               cache_modifier=".cg"), axis=0)   # a max is exact in any order
-    o = tl.zeros([D_PAD], tl.float32)
-    den = 0.0
-    for j in tl.static_range(P_PAD):   # masked, not branched: the loads can all be in flight
-        live = j < parts
-        mj = tl.load(m_ptr + base + j, mask=live, other=float("-inf"), cache_modifier=".cg")
-        lj = tl.load(l_ptr + base + j, mask=live, other=0.0, cache_modifier=".cg")
-        # [D_PAD] mask: the interpreter takes no scalar mask for a vector load
-        aj = tl.load(acc_ptr + (base + j) * D_PAD + d, mask=d * 0 + j < parts, other=0.0,
-                     cache_modifier=".cg")
-        if ONLINE:   # a masked partition: a = 1, b = 0, nothing changes
-            m_max, a, b = _fold(m_max, mj)
-            den = den * a + lj * b
-            o = o * a + aj * b
-        else:
-            w = tl.exp(mj - m_max)
-            den += lj * w
-            o += aj * w
-    tl.store(o_ptr + d, (o / den).to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit(**unspecialized(ints=("num_parts",), pointers=("len_ptr",)))
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, so_t, so_h, num_parts,
                   P_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                  TILE: tl.constexpr, ONLINE: tl.constexpr, PDL: tl.constexpr):
+                  TILE: tl.constexpr, PDL: tl.constexpr):
+    """Grid (T, Hq): query head hq of token t, its first ``live`` partial softmaxes (rows
+    ``(t * Hq + hq) * num_parts ..`` of m / l / acc, from L2 where the partial kernel stored
+    them) folded in one after another, as the pair kernel folds them."""
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
-    _, live = _spread(tl.load(len_ptr + t), num_parts, TILE)
+    _, live = spread(tl.load(len_ptr + t), num_parts, TILE)
     if live > 1:   # else the partition kernel wrote the output itself
-        _merge_head(m_ptr, l_ptr, acc_ptr, o_ptr + t * so_t + hq * so_h,
-                    (t * tl.num_programs(1) + hq) * num_parts, live, P_PAD, D, D_PAD, ONLINE)
-
-
-@triton.jit
-def _spread(n, num_parts, TILE: tl.constexpr):
-    """(span, live): a context of ``n`` keys spread evenly over ``num_parts`` partitions of
-    whole tiles: ``span`` keys each, the first ``live`` of them non-empty."""
-    span = tl.cdiv(tl.cdiv(n, num_parts), TILE) * TILE
-    return span, tl.cdiv(n, span)
+        base = (t * tl.num_programs(1) + hq) * num_parts
+        d = tl.arange(0, D_PAD)
+        mo = float("-inf")
+        lo = 0.0
+        ao = tl.zeros([D_PAD], tl.float32)
+        for j in tl.static_range(P_PAD):   # masked, not branched: the loads can all be in flight
+            on = j < live
+            mj = tl.load(m_ptr + base + j, mask=on, other=float("-inf"), cache_modifier=".cg")
+            lj = tl.load(l_ptr + base + j, mask=on, other=0.0, cache_modifier=".cg")
+            # [D_PAD] mask: the interpreter takes no scalar mask for a vector load
+            aj = tl.load(acc_ptr + (base + j) * D_PAD + d, mask=d * 0 + j < live, other=0.0,
+                         cache_modifier=".cg")
+            mo, a, b = fold(mo, mj)   # a partition past ``live``: a = 1, b = 0, no change
+            lo = lo * a + lj * b
+            ao = ao * a + aj * b
+        tl.store(o_ptr + t * so_t + hq * so_h + d, (ao / lo).to(o_ptr.dtype.element_ty),
+                 mask=d < D)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -357,9 +214,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         kv_len: [T] int32/64, keys each token attends to (its position + 1), >= 1;
         part_size: the longest partition, in context tokens (``partition_size``): a token has
             ``ceil(max_blocks * block_size / part_size)`` partitions;
-        grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 merges in
-            the program, more run partitions side by side and merge in a second kernel. The
-            output's bits do not depend on it.
+        grid_parts: programs per (token, KV head) (tests; default ``_grid_parts``): 1 runs
+            the pair kernel (all partitions in one program), more run partitions side by side
+            and merge in a second kernel. The output's bits do not depend on it.
         early_kv: (tests) the K/V caches as a program may see them before its wait, by default
             ``k_cache`` and ``v_cache``; a copy whose last T positions of each context hold
             other values must give the same bits.
@@ -377,39 +234,34 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # below it was one more variant to compile (an MTP catch-up's short tables, at use)
     p_pad = max(MIN_P_PAD, triton.next_power_of_2(num_parts))
     tile = min(TILE if D <= 128 else TILE // 2, triton.next_power_of_2(part_size))
+    out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
+    ke, ve = early_kv or (k_cache, v_cache)
+    precision = "ieee" if k_cache.dtype == torch.float32 else None
+    g_pad = max(16, triton.next_power_of_2(G))   # tl.dot needs 16 rows: G heads padded to 16
+    if grid_parts == 1:
+        pair_kernel[(T, Hkv)](
+            q, k_cache, v_cache, block_tables, table_row, kv_len, out, scale, q.stride(0),
+            q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
+            out.stride(0), out.stride(1), num_parts, G=G, G_PAD=g_pad, D=D, D_PAD=d_pad,
+            BLOCK=block_size, TILE=tile, PRECISION=precision, STAGES=PAIR_STAGES,
+            num_warps=NUM_WARPS, **pdl.launch(q))
+        return out
     m = torch.empty(T, Hq, num_parts, device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     acc = torch.empty(T, Hq, num_parts, d_pad, device=q.device, dtype=torch.float32)
-    out = torch.empty(T, Hq, D, device=q.device, dtype=q.dtype)
-    # tl.dot needs 16 rows: the G query heads of a KV head are padded up to 16
-    ke, ve = early_kv or (k_cache, v_cache)
-    precision = "ieee" if k_cache.dtype == torch.float32 else None
-    g_pad = max(16, triton.next_power_of_2(G))
-    if grid_parts == 1 and PAIR_LOOP:
-        _pair_kernel[(T, Hkv)](
-            q, k_cache, v_cache, block_tables, table_row, kv_len, m, l, acc, out, scale,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            block_tables.stride(0), out.stride(0), out.stride(1), num_parts, G=G, G_PAD=g_pad,
-            D=D, D_PAD=d_pad, P_PAD=p_pad, BLOCK=block_size, TILE=tile, PRECISION=precision,
-            ONLINE=ONLINE_MERGE, STAGES=PAIR_STAGES, num_warps=NUM_WARPS, **pdl.launch(q))
-        return out
     _partial_kernel[(T, Hkv, grid_parts)](
         q, k_cache, v_cache, ke, ve, block_tables, table_row, kv_len, m, l, acc, out, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         out.stride(0), out.stride(1), num_parts, T, G=G, G_PAD=g_pad, D=D, D_PAD=d_pad,
-        P_PAD=p_pad, BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile,
-        SELF_MERGE=grid_parts == 1, PRECISION=precision, EARLY=EARLY_KV and grid_parts > 1,
-        ONLINE=ONLINE_MERGE, num_warps=NUM_WARPS, **pdl.launch(q))
-    if grid_parts > 1:
-        _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
-                               P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, ONLINE=ONLINE_MERGE,
-                               **pdl.launch(q))
+        BLOCK=block_size, PART=-(-part_size // tile) * tile, TILE=tile, PRECISION=precision,
+        EARLY=EARLY_KV, num_warps=NUM_WARPS, **pdl.launch(q))
+    _merge_kernel[(T, Hq)](m, l, acc, out, kv_len, out.stride(0), out.stride(1), num_parts,
+                           P_PAD=p_pad, D=D, D_PAD=d_pad, TILE=tile, **pdl.launch(q))
     return out
 
 
 def _grid_parts(device: torch.device, pairs: int) -> int:
-    """Programs per (token, KV head) for ``pairs`` such pairs: 1 (each merges its own
-    partitions) once there are ``SELF_MERGE_PROGRAMS_PER_SM`` pairs per SM, else enough to fill
+    """Programs per (token, KV head) for ``pairs`` such pairs: 1 (the pair kernel) once there are ``SELF_MERGE_PROGRAMS_PER_SM`` pairs per SM, else enough to fill
     ``PROGRAMS_PER_SM`` programs per SM."""
     sms = _sm_count(device)
     if pairs >= SELF_MERGE_PROGRAMS_PER_SM * sms:
