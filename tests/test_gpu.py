@@ -762,8 +762,8 @@ def test_paged_attention_compiles_once_for_every_table_width_and_offset():
     up to 16 partitions (``s_tab``, ``num_parts``, the merge's ``P_PAD``) and table / length
     views at any offset (before: one per divisibility of each by 16 and per power of two of the
     partitions, 0.5-0.7 s at use on the H200 in the MTP's first catch-ups)."""
-    from mtpserve.kernels.paged_attention_triton import (_merge_kernel, _pair_kernel,
-                                                         _partial_kernel, paged_attention_triton)
+    from mtpserve.kernels.paged_attention_triton import (_merge_kernel, _partial_kernel,
+                                                         paged_attention_triton, pair_kernel)
 
     Hq, Hkv, D, block = 8, 2, 64, 16
     kc = torch.randn(64 * block, Hkv, D, dtype=torch.bfloat16, device="cuda")
@@ -779,7 +779,7 @@ def test_paged_attention_compiles_once_for_every_table_width_and_offset():
         for grid in (1, 2):   # one program per (token, KV head); partitions side by side
             paged_attention_triton(q, kc, vc, tables, torch.arange(T, device="cuda"), lens,
                                    D ** -0.5, block, part_size=4 * block, grid_parts=grid)
-        counts.append(tuple(_variants(k) for k in (_partial_kernel, _pair_kernel, _merge_kernel)))
+        counts.append(tuple(_variants(k) for k in (_partial_kernel, pair_kernel, _merge_kernel)))
     assert counts == [counts[0]] * len(counts) and min(counts[0]) >= 1
 
 
