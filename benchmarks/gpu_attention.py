@@ -32,13 +32,14 @@ COLD_BYTES = 192 << 20
 # after another in a program and merged after their max, with and without the online merge
 # and the pair loop (since removed; BENCHMARKS.md). grid2: the pair's partitions in two
 # parallel programs and the merge kernel (the schedule below SELF_MERGE_PROGRAMS_PER_SM pairs
-# per SM); stages1 / stages3: the pair loop's software pipelining; w8: 8 warps
+# per SM); pairs: the pair kernel at any batch; stages1 / stages3: the pair loop's software pipelining; w8: 8 warps
 VARIANTS = {
     "base": {},
     "stages1": {"PAIR_STAGES": 1},
     "stages3": {"PAIR_STAGES": 3},
     "w8": {"NUM_WARPS": 8},
     "grid2": {"SELF_MERGE_PROGRAMS_PER_SM": 10 ** 9, "PROGRAMS_PER_SM": 2},
+    "pairs": {"SELF_MERGE_PROGRAMS_PER_SM": 0},
 }
 
 

