@@ -32,7 +32,8 @@ COLD_BYTES = 192 << 20
 # after another in a program and merged after their max, with and without the online merge
 # and the pair loop (since removed; BENCHMARKS.md). grid2: the pair's partitions in two
 # parallel programs and the merge kernel (the schedule below SELF_MERGE_PROGRAMS_PER_SM pairs
-# per SM); pairs: the pair kernel at any batch; stages1 / stages3: the pair loop's software pipelining; w8: 8 warps
+# per SM); pairs: the pair kernel at any batch; stages1 / stages3: the pair loop's software
+# pipelining; w8: 8 warps
 VARIANTS = {
     "base": {},
     "stages1": {"PAIR_STAGES": 1},

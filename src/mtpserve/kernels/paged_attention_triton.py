@@ -53,8 +53,13 @@ MIN_P_PAD = 16   # partitions a merge is compiled for, at least
 
 # one program per (token, KV head) running all its partitions (kernels/paged_attention_pair.py)
 # once there are this many pairs per SM; below, the partitions of a pair run in parallel programs
-# (up to PROGRAMS_PER_SM per SM) and a second kernel merges them
-SELF_MERGE_PROGRAMS_PER_SM = 2
+# (up to PROGRAMS_PER_SM per SM) and a second kernel merges them. On the H200 (132 SMs, session
+# 25 run 5, benchmarks/gpu_attention.py --variants base pairs) the pair kernel was faster from
+# 128 pairs (16 tokens of 8 KV heads: 8.8 against 14.1 us at 160 keys, 35 against 40 at 1024,
+# 127 against 122 at 4096; 32 tokens faster at every length) and far slower at 32 pairs (4
+# tokens: 118 against 35 us at 4096 keys); 0.9 against 2 took a batch-16 decode from 3457 to
+# 3595 tok/s at Qwen3-8B and from 8909 to 9984 at Qwen3-1.7B (run 6, gpu_decode --set)
+SELF_MERGE_PROGRAMS_PER_SM = 0.9
 PROGRAMS_PER_SM = 4
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
@@ -261,8 +266,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _grid_parts(device: torch.device, pairs: int) -> int:
-    """Programs per (token, KV head) for ``pairs`` such pairs: 1 (the pair kernel) once there are ``SELF_MERGE_PROGRAMS_PER_SM`` pairs per SM, else enough to fill
-    ``PROGRAMS_PER_SM`` programs per SM."""
+    """Programs per (token, KV head) for ``pairs`` such pairs: 1 (the pair kernel) once there
+    are ``SELF_MERGE_PROGRAMS_PER_SM`` pairs per SM, else enough to fill ``PROGRAMS_PER_SM``
+    programs per SM."""
     sms = _sm_count(device)
     if pairs >= SELF_MERGE_PROGRAMS_PER_SM * sms:
         return 1
