@@ -2,7 +2,7 @@
 head layouts, batch sizes and context lengths, under module switches (the variants below).
 
     python benchmarks/gpu_attention.py [--shapes 8b 1.7b 135m] [--batch 1 16 64]
-        [--context 160 1024 4096] [--variants base online pair ...] [--json FILE]
+        [--context 160 1024 4096] [--variants base pairs ...] [--json FILE]
 
 Each case: ``batch`` sequences of ``context`` keys (each decoding one token) in a cache of
 ``max_model_len`` 4096 (256 blocks of 16, partitions of 128 keys: the engine's table width
@@ -28,19 +28,19 @@ SHAPES = {"8b": (32, 8, 128), "1.7b": (16, 8, 128), "135m": (9, 3, 64)}   # (Hq,
 BLOCK = 16
 MAX_MODEL_LEN = 4096
 COLD_BYTES = 192 << 20
-# name -> module switches. Session 25's run 1 (commit 807253b) also timed the partitions run one
-# after another in a program and merged after their max, with and without the online merge
-# and the pair loop (since removed; BENCHMARKS.md). grid2: the pair's partitions in two
-# parallel programs and the merge kernel (the schedule below SELF_MERGE_PROGRAMS_PER_SM pairs
-# per SM); pairs: the pair kernel at any batch; stages1 / stages3: the pair loop's software
-# pipelining; w8: 8 warps
+# name -> module switches. Session 25's run 1 (commit 807253b) also timed the old schedule of
+# many tokens (a program ran its pair's partitions one after another and merged them after
+# their max), with and without the online merge and the pair loop; that schedule is removed
+# (BENCHMARKS.md). parallel: a pair's partitions always in parallel programs (at least two)
+# and the merge kernel; pairs: the pair kernel at any batch; stages1 / stages3: the pair
+# loop's software pipelining; w8: 8 warps
 VARIANTS = {
     "base": {},
     "stages1": {"PAIR_STAGES": 1},
     "stages3": {"PAIR_STAGES": 3},
     "w8": {"NUM_WARPS": 8},
-    "grid2": {"SELF_MERGE_PROGRAMS_PER_SM": 10 ** 9, "PROGRAMS_PER_SM": 2},
-    "pairs": {"SELF_MERGE_PROGRAMS_PER_SM": 0},
+    "parallel": {"PAIR_KERNEL_PAIRS_PER_SM": 10 ** 9},
+    "pairs": {"PAIR_KERNEL_PAIRS_PER_SM": 0},
 }
 
 

@@ -177,10 +177,10 @@ def named_switches() -> dict:
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
 
     return {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
-                "no_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 10 ** 9),
+                "no_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
-                "always_self_merge": (paged_attention_triton, "SELF_MERGE_PROGRAMS_PER_SM", 0),
+                "always_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_preload": (gemv_triton, "PRELOAD", False),
                 "no_stream": (gemv_triton, "STREAM", False),
@@ -250,8 +250,8 @@ def main() -> None:
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
     ap.add_argument("--compare", nargs="+", default=[],
                     metavar="SWITCH",
-                    help="cublas, no_pdl, no_self_merge, no_deferred_sum, deferred_sum, "
-                         "always_self_merge, no_swiglu_epilogue, no_preload (no preloaded "
+                    help="cublas, no_pdl, no_pair_kernel, no_deferred_sum, deferred_sum, "
+                         "always_pair_kernel, no_swiglu_epilogue, no_preload (no preloaded "
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
                          "kernels at one row), recaptured, or "

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu,
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_triton_paged_attention_matches_reference(hq, hkv, d, dtype):
     """tests/attention_check.py with contexts up to 2100 keys: within 1e-5 / 1e-2 of float64,
-    the in-kernel merge bit-equal to the merge kernel, row-invariant."""
+    the pair kernel's fold bit-equal to the merge kernel's, row-invariant."""
     import sys
     sys.path.insert(0, "tests")
     import attention_check
@@ -42,8 +42,8 @@ def test_early_kv_attention_in_a_model_under_pdl(tmp_path, monkeypatch):
     and two requests) and the K/V written by the kernel just before each attention: the greedy
     tokens and their logprobs exactly the same with paged_attention_triton.EARLY_KV on and off
     (a race on the step's own K/V would change them), and partial kernels launched with EARLY
-    in the graphs captured when it is on (not the many-token graphs whose programs merge their
-    own partitions), none when off."""
+    in the graphs captured when it is on (not the many-token graphs, which run the pair
+    kernel), none when off."""
     from mtpserve import SamplingParams
     from mtpserve.kernels import paged_attention_triton as pa
 

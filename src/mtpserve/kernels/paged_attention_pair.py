@@ -1,17 +1,18 @@
 """Paged attention for many tokens: one program per (token, KV head) over the token's whole
 context (kernels/paged_attention_triton.py launches it once there are at least
-``SELF_MERGE_PROGRAMS_PER_SM`` such pairs per SM).
+``PAIR_KERNEL_PAIRS_PER_SM`` such pairs per SM).
 
 The program runs one loop over the context's tiles. The online softmax restarts at each
 partition's first tile (the partitions of ``spread``, the same as when partitions run in
 parallel programs), and where the loop passes a partition's end the partition is folded into
 the output (``fold``), in the order the merge kernel folds them. So a token gets the same bits
-as in a smaller batch, while one loop lets Triton's software pipelining keep the next tiles'
-loads in flight (``STAGES``) and no partial result goes through memory. On the H200 (session
-25, benchmarks/gpu_attention.py) this took Qwen3-8B's attention at 64 tokens of 160-key
-contexts from 41.5 to 20.4 us (1024 keys: 155 -> 88 us; 4096: 510 -> 338 us) against running
-the partitions one after another, storing them and merging after the max over all of them; a
-Qwen3-8B batch-64 decode went from 9.7k to 11.3k tokens/s (BENCHMARKS.md, session 25)."""
+as in a smaller batch (at the same block-table width, which sets the partitions), while one
+loop lets Triton's software pipelining keep the next tiles' loads in flight (``STAGES``) and
+no partial result goes through memory. On the H200 (session 25, benchmarks/gpu_attention.py)
+this took Qwen3-8B's attention at 64 tokens of 160-key contexts from 41.5 to 20.4 us (1024
+keys: 155 -> 88 us; 4096: 510 -> 338 us) against running the partitions one after another,
+storing them and merging after the max over all of them; a Qwen3-8B batch-64 decode went from
+9.7k to 11.3k tokens/s (BENCHMARKS.md, session 25)."""
 
 from __future__ import annotations
 

@@ -47,8 +47,9 @@ def fold(mo, m):
     (max, a, b), and the caller takes ``lo * a + l * b`` and ``ao * a + acc * b`` (a, b
     broadcast over head_dim), the same operations for one head as for a block of heads. One
     exponential: the side whose max is the larger gets weight 1, the other exp(-|m - mo|). The
-    first fold (mo = -inf, lo = ao = 0) gives (m, l, acc) exactly; a masked partition (m =
-    -inf) changes nothing."""
+    first fold (mo = -inf, lo = ao = 0) gives (m, l, acc) exactly; once mo is finite, a masked
+    partition (m = -inf) changes nothing. m and mo both -inf would give NaN: the first fold is
+    always of a partition with a key."""
     up = m > mo
     e = tl.exp(-tl.abs(m - mo))
     return tl.maximum(mo, m), tl.where(up, e, 1.0), tl.where(up, 1.0, e)

@@ -11,7 +11,7 @@ one after another in a fixed order (an online merge, kernels/paged_attention_til
 ``fold``). The partitions depend only on the context length and the table width, never on the
 batch, so a token gets the same bits in any batch. How they are run does depend on the batch:
 few tokens get one program per (token, KV head, partition) and a second kernel merges; many
-tokens (at least ``SELF_MERGE_PROGRAMS_PER_SM`` (token, KV head) pairs per SM) get one program
+tokens (at least ``PAIR_KERNEL_PAIRS_PER_SM`` (token, KV head) pairs per SM) get one program
 per (token, KV head) that runs its context as one loop over tiles and folds each partition in
 as it ends (kernels/paged_attention_pair.py), so no program is launched for a partition past the
 context and no merge kernel runs. (The last of a pair's parallel programs merging them,
@@ -55,11 +55,12 @@ MIN_P_PAD = 16   # partitions a merge is compiled for, at least
 # once there are this many pairs per SM; below, the partitions of a pair run in parallel programs
 # (up to PROGRAMS_PER_SM per SM) and a second kernel merges them. On the H200 (132 SMs, session
 # 25 run 5, benchmarks/gpu_attention.py --variants base pairs) the pair kernel was faster from
-# 128 pairs (16 tokens of 8 KV heads: 8.8 against 14.1 us at 160 keys, 35 against 40 at 1024,
-# 127 against 122 at 4096; 32 tokens faster at every length) and far slower at 32 pairs (4
+# 128 pairs but at long contexts (16 tokens of 8 KV heads: 8.8 against 14.1 us at 160 keys, 35
+# against 40 at 1024, slower at 4096: 127 against 122; 32 tokens faster at every length) and
+# far slower at 32 pairs (4
 # tokens: 118 against 35 us at 4096 keys); 0.9 against 2 took a batch-16 decode from 3457 to
 # 3595 tok/s at Qwen3-8B and from 8909 to 9984 at Qwen3-1.7B (run 6, gpu_decode --set)
-SELF_MERGE_PROGRAMS_PER_SM = 0.9
+PAIR_KERNEL_PAIRS_PER_SM = 0.9
 PROGRAMS_PER_SM = 4
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
 TILE = 64
@@ -116,7 +117,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
         k1, v1 = tile_kv(k_ptr, v_ptr, table, pos, new, sk_s, h * sk_h, d, dmask, BLOCK)
         k0 = tl.where(new[:, None], k1, k0)
         v0 = tl.where(new[:, None], v1, v0)
-    else:   # not used
+    else:   # EARLY off: k0 / v0 unused
         k0 = tl.zeros([TILE, D_PAD], k_ptr.dtype.element_ty)
         v0 = k0
     q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
@@ -267,12 +268,14 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def _grid_parts(device: torch.device, pairs: int) -> int:
     """Programs per (token, KV head) for ``pairs`` such pairs: 1 (the pair kernel) once there
-    are ``SELF_MERGE_PROGRAMS_PER_SM`` pairs per SM, else enough to fill ``PROGRAMS_PER_SM``
-    programs per SM."""
+    are ``PAIR_KERNEL_PAIRS_PER_SM`` pairs per SM, else enough to fill ``PROGRAMS_PER_SM``
+    programs per SM, at least 2 (also with the pair kernel switched off by a threshold past
+    any batch, as benchmarks do)."""
     sms = _sm_count(device)
-    if pairs >= SELF_MERGE_PROGRAMS_PER_SM * sms:
+    if pairs >= PAIR_KERNEL_PAIRS_PER_SM * sms:
         return 1
-    return -(-PROGRAMS_PER_SM * sms // max(pairs, 1))   # no tokens: an empty grid anyway
+    # no tokens: an empty grid anyway
+    return max(2, -(-PROGRAMS_PER_SM * sms // max(pairs, 1)))
 
 
 @functools.cache
