@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels.jit_options import unspecialized
-from mtpserve.kernels.paged_attention_tiles import fold, spread, tile_kv, tile_step
+from mtpserve.kernels.paged_attention_tiles import (empty_softmax, fold, load_q, spread, tile_kv,
+                                                    tile_step)
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -44,10 +45,9 @@ def pair_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, o_ptr, scale,
     d = tl.arange(0, D_PAD)
     gmask = g < G
     dmask = d < D
-    q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0).to(k_ptr.dtype.element_ty)
-    m, l, acc = _restart(G_PAD, D_PAD)     # the partition running
-    mo, lo, ao = _restart(G_PAD, D_PAD)    # the partitions folded so far
+    q = load_q(q_ptr, t, h, sq_t, sq_h, g, d, gmask, dmask, G, k_ptr.dtype.element_ty)
+    m, l, acc = empty_softmax(G_PAD, D_PAD)     # the partition running
+    mo, lo, ao = empty_softmax(G_PAD, D_PAD)    # the partitions folded so far
     tiles = tl.cdiv(n, TILE)
     for j in tl.range(0, tiles, num_stages=STAGES):
         pos = j * TILE + tl.arange(0, TILE)
@@ -58,13 +58,6 @@ def pair_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, row_ptr, len_ptr, o_ptr, scale,
             mo, a, b = fold(mo, m)
             lo = lo * a + l * b
             ao = ao * a[:, None] + acc * b[:, None]
-            m, l, acc = _restart(G_PAD, D_PAD)
+            m, l, acc = empty_softmax(G_PAD, D_PAD)
     tl.store(o_ptr + t * so_t + (h * G + g)[:, None] * so_h + d[None, :],
              (ao / lo[:, None]).to(o_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
-
-
-@triton.jit
-def _restart(G_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """An empty softmax: max -inf, denominator 0, output 0 (float32)."""
-    return (tl.full([G_PAD], float("-inf"), tl.float32), tl.zeros([G_PAD], tl.float32),
-            tl.zeros([G_PAD, D_PAD], tl.float32))

@@ -1,8 +1,9 @@
 """Tile-level pieces of the Triton paged attention (kernels/paged_attention_triton.py and
 kernels/paged_attention_pair.py): a tile's keys and values gathered through the block table,
-one tile's step of the online softmax, the online merge of partitions, and the spread of a
-context over its partitions. Every kernel that computes a partition or merges partitions uses
-these same functions, so a token's bits do not depend on which kernel ran it."""
+the queries of a KV head, one tile's step of the online softmax from its empty start, the
+online merge of partitions, and the spread of a context over its partitions. Every kernel that
+computes a partition or merges partitions uses these same functions, so a token's bits do not
+depend on which kernel ran it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,22 @@ def tile_kv(k_ptr, v_ptr, table, pos, valid, sk_s, head_off, d, dmask, BLOCK: tl
     kv_off = slot[:, None] * sk_s + head_off + d[None, :]
     return (tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0),
             tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0))
+
+
+@triton.jit
+def load_q(q_ptr, t, h, sq_t, sq_h, g, d, gmask, dmask, G: tl.constexpr, dtype):
+    """Queries [G_PAD, D_PAD] of token ``t``'s G heads sharing KV head ``h`` (rows ``g`` past G
+    and columns ``d`` past D zero), converted to ``dtype`` (the cache's) for the dots."""
+    return tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
+                   mask=gmask[:, None] & dmask[None, :], other=0.0).to(dtype)
+
+
+@triton.jit
+def empty_softmax(G_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """An online softmax before its first tile: max -inf [G_PAD], denominator 0 [G_PAD], output
+    0 [G_PAD, D_PAD], float32."""
+    return (tl.full([G_PAD], float("-inf"), tl.float32), tl.zeros([G_PAD], tl.float32),
+            tl.zeros([G_PAD, D_PAD], tl.float32))
 
 
 @triton.jit

@@ -46,7 +46,8 @@ import triton.language as tl
 from mtpserve.kernels import pdl
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.paged_attention_pair import pair_kernel
-from mtpserve.kernels.paged_attention_tiles import fold, spread, tile_kv, tile_step
+from mtpserve.kernels.paged_attention_tiles import (empty_softmax, fold, load_q, spread, tile_kv,
+                                                    tile_step)
 from mtpserve.kernels.pdl import pdl_wait
 
 MIN_P_PAD = 16   # partitions a merge is compiled for, at least
@@ -57,9 +58,9 @@ MIN_P_PAD = 16   # partitions a merge is compiled for, at least
 # 25 run 5, benchmarks/gpu_attention.py --variants base pairs) the pair kernel was faster from
 # 128 pairs but at long contexts (16 tokens of 8 KV heads: 8.8 against 14.1 us at 160 keys, 35
 # against 40 at 1024, slower at 4096: 127 against 122; 32 tokens faster at every length) and
-# far slower at 32 pairs (4
-# tokens: 118 against 35 us at 4096 keys); 0.9 against 2 took a batch-16 decode from 3457 to
-# 3595 tok/s at Qwen3-8B and from 8909 to 9984 at Qwen3-1.7B (run 6, gpu_decode --set)
+# far slower at 32 pairs (4 tokens: 118 against 35 us at 4096 keys); 0.9 against 2 took a
+# batch-16 decode from 3457 to 3595 tok/s at Qwen3-8B and from 8909 to 9984 at Qwen3-1.7B
+# (run 6, gpu_decode --set)
 PAIR_KERNEL_PAIRS_PER_SM = 0.9
 PROGRAMS_PER_SM = 4
 # context tokens whose keys and values one loop iteration loads together (half past head_dim 128)
@@ -120,8 +121,7 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, ke_ptr, ve_ptr, tables_ptr, row_ptr, le
     else:   # EARLY off: k0 / v0 unused
         k0 = tl.zeros([TILE, D_PAD], k_ptr.dtype.element_ty)
         v0 = k0
-    q = tl.load(q_ptr + t * sq_t + (h * G + g)[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0).to(k_ptr.dtype.element_ty)
+    q = load_q(q_ptr, t, h, sq_t, sq_h, g, d, gmask, dmask, G, k_ptr.dtype.element_ty)
     heads = t * tl.num_programs(1) * G + h * G + g             # [G_PAD] flat query heads
     # program p of the grid's third axis takes partitions p, p + grid, ...: the same partitions
     # and the same bits for any grid (the grid only sets how many run side by side)
@@ -151,9 +151,7 @@ def _partition(q, k_ptr, v_ptr, table, first, end, scale, sk_s, head_off, d, dma
     denominator l [G_PAD] and unnormalised output acc [G_PAD, D_PAD] (float32). With EARLY,
     where ``at_k0``, the first tile's keys and values are ``k0`` / ``v0`` [TILE, D_PAD],
     loaded already."""
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    m, l, acc = empty_softmax(G_PAD, D_PAD)
     for i in range(0, PART, TILE):  # static trip count (CUDA graphs; Triton interpreter)
         if first + i < end:  # tiles past the context are skipped
             pos = first + i + tl.arange(0, TILE)
