@@ -8,9 +8,9 @@ Each case: ``batch`` sequences of ``context`` keys (each decoding one token) in 
 ``max_model_len`` 4096 (256 blocks of 16, partitions of 128 keys: the engine's table width
 and spread), K/V in bfloat16. Times are CUDA-graph replays of back-to-back calls (gpu_gemv's
 ``graph_time``), each on another copy of the caches (copies spanning >= 192 MB, past the 50 MB
-L2), as each layer of a step reads its own. Prints microseconds per call per variant, the K/V
-bytes per microsecond, and whether each variant's output has the bits of the variant it must
-match: the first variant with the same NUM_WARPS.
+L2), as each layer of a step reads its own. Prints microseconds per call per variant and
+whether each variant's output has the bits of the variant it must match (the first with the
+same NUM_WARPS); ``--json`` also records the K/V read rate (GB/s).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     rows_out = []
     for shape in args.shapes:
-        hq, hkv, d = SHAPES[shape]
+        _, hkv, d = SHAPES[shape]
         for batch in args.batch:
             for context in args.context:
                 kv_bytes = 2 * batch * context * hkv * d * 2
