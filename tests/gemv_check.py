@@ -472,7 +472,7 @@ def check_stream_fused_inputs(device: str) -> int:
             def plain(inp):   # the same units without the fused input
                 return gemv_stream(inp, w, **kw) if kw is not None else gemv_triton.gemv(inp, w)
 
-            if cpu or gemv_triton.fused_input_fits(gu, w, norm=False):
+            if cpu or k == 6144 and gemv_triton.fused_input_fits(gu, w, norm=False):
                 want = plain(silu_and_mul(gu))
                 assert torch.equal(product(gu, silu_input=True), want), (n, k)
                 done += 1
@@ -486,3 +486,79 @@ def check_stream_fused_inputs(device: str) -> int:
                 done += 1
     return done
 
+
+
+def check_tiled_fused_inputs(device: str) -> int:
+    """The tiled product of several rows with its input computed in front (gemv_triton.gemv's
+    ``silu_input`` and NormInput; kernels/gemv_rows_input.py). CPU (float32): a [40, 256]
+    weight in tiles of 16 x 64 (four steps of the reduction), 2 and 5 rows; CUDA (bfloat16):
+    at 4 rows in gemv_triton's tiles through ``gemv_fused_input``, the 1.7B down shape (SiLU
+    and norm), its q/k/v and gate/up shapes and the 8B gate/up with the SwiGLU epilogue (norm:
+    the SiLU-and-mul in front of a product other than a down product may take shorter steps
+    of the reduction than the plain product, so other bits). SiLU-and-mul: the same bits as
+    ``silu_and_mul`` then the product, also as split-K partials; residual add + RMSNorm, of a
+    tensor and of a split product's partials: within 1e-5 (float32) or 1e-2 (bfloat16) of
+    ``add_rms_norm`` then the product, the new residual bit-equal to add_rms_norm's. A
+    NormInput in front of a split reduction raises ValueError. Returns the number of cases."""
+    import fused_kernel_check as f
+
+    from mtpserve.kernels import gemv_triton
+    from mtpserve.kernels.fused_triton import add_rms_norm, silu_and_mul
+    from mtpserve.kernels.gemv_stream_triton import NormInput
+
+    cpu = device == "cpu"
+    tiles = dict(block_n=16, block_k=64, stages=2)
+    cases = ([(40, 256, rows, False) for rows in (2, 5)] if cpu else
+             [(2048, 6144, 4, False), (4096, 2048, 4, False), (12288, 2048, 4, False),
+              (24576, 4096, 4, True)])
+    dtype = torch.float32 if cpu else torch.bfloat16
+    done = 0
+    with f.interpreter_rounding(device):
+        for n, k, rows, swiglu in cases:
+            g = torch.Generator().manual_seed(n + k + rows)
+            w = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype)
+            w2 = (torch.randn(k, 3 * k, generator=g) * 0.05).to(device, dtype)
+            gu = torch.randn(rows, 2 * k, generator=g).to(device, dtype)
+            x, res = (torch.randn(rows, k, generator=g).to(device, dtype) for _ in range(2))
+            nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
+            kw = tiles if cpu else {}
+
+            def product(inp, **more):
+                if cpu:
+                    return gemv_triton.gemv(inp, w, **kw, **more)
+                return gemv_triton.gemv_fused_input(inp, w, swiglu=swiglu, **more)
+
+            def plain(inp, weight=w, **more):
+                return gemv_triton.gemv(inp, weight, **kw, swiglu=swiglu, **more)
+
+            if cpu or k == 6144 and gemv_triton.fused_input_fits(gu, w, norm=False):
+                assert torch.equal(product(gu, silu_input=True), plain(silu_and_mul(gu))), (n, k)
+                done += 1
+                if cpu:   # split in two, partials deferred
+                    got = gemv_triton.gemv(gu, w, **kw, split_k=2, defer_sum=True,
+                                           silu_input=True)
+                    want = gemv_triton.gemv(silu_and_mul(gu), w, **kw, split_k=2, defer_sum=True)
+                    assert torch.equal(got.parts, want.parts), (n, k)
+                    done += 1
+            # the input as a tensor, then as the partials of a product split in two ([k, 3k])
+            parts = gemv_triton.gemv(torch.randn(rows, 3 * k, generator=g).to(device, dtype), w2,
+                                     block_n=16, block_k=64, split_k=2, defer_sum=True)
+            for inp in (x, parts):
+                if not (cpu or gemv_triton.fused_input_fits(inp, w, norm=True)):
+                    continue
+                ro = torch.empty_like(res)
+                got = product(NormInput(inp, res, nw, 1e-6, ro))
+                h, s = add_rms_norm(inp, res, nw, 1e-6, False)
+                want = plain(h)
+                assert torch.equal(ro, s), (n, k)
+                assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
+                done += 1
+            if cpu:
+                try:
+                    gemv_triton.gemv(NormInput(x, res, nw, 1e-6, torch.empty_like(res)), w,
+                                     **kw, split_k=2)
+                except ValueError as e:
+                    assert "unsplit" in str(e), e
+                else:
+                    raise AssertionError("a NormInput in front of a split reduction ran")
+    return done

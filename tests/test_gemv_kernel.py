@@ -118,3 +118,18 @@ def test_interleaved_gate_up_model_gives_the_same_logits_under_triton_interprete
     + 3 decode steps on the skinny product, and an 18-token prefill off it) bit-equal before and
     after its gate/up rows are interleaved, the SwiGLU epilogue on (8 fused products) and off."""
     assert int(run_interpreted(_INTERLEAVED_MODEL, timeout=300)) == 8
+
+
+_TILED_INPUTS = """
+import gemv_check
+print("RESULT", gemv_check.check_tiled_fused_inputs("cpu"))
+"""
+
+
+def test_tiled_product_with_fused_inputs_under_triton_interpreter():
+    """check_tiled_fused_inputs("cpu") of tests/gemv_check.py: a [40, 256] float32 weight in
+    tiles of 16 x 64, 2 and 5 rows. SiLU-and-mul of [gate | up] in front: the same bits as
+    silu_and_mul then the product, unsplit and as split-K partials; a residual add + RMSNorm in
+    front, of a tensor and of split-K partials: within 1e-5 of add_rms_norm then the product,
+    the new residual bit-equal; a norm in front of a split reduction raises ValueError. 8 cases."""
+    assert int(run_interpreted(_TILED_INPUTS, timeout=300)) == 8
