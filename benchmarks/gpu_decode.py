@@ -151,7 +151,7 @@ def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None,
 
 
 def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) -> dict:
-    """Batch-1 decode and forward times and batch-64 tokens/s with each (module, attr, value)
+    """Batch-1 decode and forward times and batch-16 and 64 tokens/s with each (module, attr, value)
     of ``settings`` set (graphs recaptured, then the settings and the graphs restored). Keys of
     the result start with ``label``."""
     old = [(module, attr, getattr(module, attr)) for module, attr, _ in settings]
@@ -161,14 +161,18 @@ def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) ->
         eng.runner.capture_cuda_graphs()
         step1, _ = decode_run(eng, 1, 128)
         fwd = forward_times(eng)
+        _, tps16 = decode_run(eng, 16, 64)
         _, tps64 = decode_run(eng, 64, 64)
     finally:
         for module, attr, value in old:
             setattr(module, attr, value)
         eng.runner.capture_cuda_graphs()
-    print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, b1 {step1 * 1e3:.3f} ms/step, "
-          f"verify4/1 {fwd.get(4, float('nan')) / fwd[1]:.2f}, b64 {tps64:.0f} tok/s")
-    return {f"{label}_forward1_ms": fwd[1] * 1e3, f"{label}_b1_ms": step1 * 1e3,
+    fwd4 = fwd.get(4, float("nan"))
+    print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, fwd4 {fwd4 * 1e3:.3f} ms, b1 "
+          f"{step1 * 1e3:.3f} ms/step, verify4/1 {fwd4 / fwd[1]:.3f}, b16 {tps16:.0f}, b64 "
+          f"{tps64:.0f} tok/s")
+    return {f"{label}_forward1_ms": fwd[1] * 1e3, f"{label}_forward4_ms": fwd4 * 1e3,
+            f"{label}_b1_ms": step1 * 1e3, f"{label}_b16_tok_s": tps16,
             f"{label}_b64_tok_s": tps64}
 
 
@@ -186,6 +190,7 @@ def named_switches() -> dict:
                 "no_stream": (gemv_triton, "STREAM", False),
                 "early_kv": (paged_attention_triton, "EARLY_KV", True),
                 "no_fused_inputs": (gemv_triton, "FUSED_INPUTS", False),
+                "one_row_fused_inputs": (gemv_triton, "FUSED_INPUT_MAX_ROWS", 1),
                 "recaptured": (gemv_triton, "ENABLED", gemv_triton.ENABLED)}
 
 
@@ -254,7 +259,8 @@ def main() -> None:
                          "always_pair_kernel, no_swiglu_epilogue, no_preload (no preloaded "
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
-                         "kernels at one row), recaptured, or "
+                         "kernels at one row), one_row_fused_inputs (and in products of "
+                         "2-16 rows), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "
                          "several joined by '+' set together): "
                          "also time batch-1 decode and batch-64 tok/s with every product on "

