@@ -107,6 +107,12 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
+rows_k)   # session 26: the fused products of several rows alone, and one of them under ncu
+  timeout 300 python3 benchmarks/gpu_rows_input.py --json "$OUT/rows_input.json" 2>&1 | tee "$OUT/rows_input.log" | tail -20
+  timeout 120 ncu --clock-control none -k regex:_gemv_kernel -c 2 --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+    python3 benchmarks/ncu_rows_input_once.py > "$OUT/ncu.txt" 2>&1; tail -5 "$OUT/ncu.txt"
+  ;;
 rows_a)   # session 26, call 1 of 2 (carry part-aa): the products of several rows with their inputs in front
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   timeout 240 python3 -m pytest -q tests/test_gpu.py -k "fused_inputs or deferred_split_k or gemv or fused_model" 2>&1 | tee "$OUT/gpu_tests_rows.log" | tail -6
