@@ -107,6 +107,12 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
+preload4) # session 26: preloaded tiles multiplied in one dot at 2-16 rows
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "preload or gemv or deferred_split_k or fused_model or swiglu or interleaved or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
+  timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" --compare recaptured \
+    mtpserve.kernels.gemv_triton:PRELOAD_MAX_ROWS:1 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -14
+  timeout 100 python3 benchmarks/gpu_gemv.py --rows 4 16 --shapes 135m 1.7b --grid none --json "$OUT/gemv.json" 2>&1 | tee "$OUT/gemv.log" | tail -20
+  ;;
 rows_k)   # session 26: the fused products of several rows alone, and one of them under ncu
   timeout 300 python3 benchmarks/gpu_rows_input.py --json "$OUT/rows_input.json" 2>&1 | tee "$OUT/rows_input.log" | tail -20
   timeout 120 ncu --clock-control none -k regex:_gemv_kernel -c 2 --section LaunchStats --section Occupancy \

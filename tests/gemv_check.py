@@ -49,11 +49,11 @@ def check_split_k(device: str, shapes=((40, 300), (2048, 6144)), splits=(1, 2, 3
 
 def check_preload(device: str) -> float:
     """Preloaded tiles (``gemv(preload=True)``: the whole tile loaded before the PDL wait, then
-    multiplied row by row). CPU (float32): [40, 300] in one 16 x 512 tile per 16 rows, and
+    multiplied: one row in float32 multiply-and-sum, several in one ``tl.dot``). CPU (float32): [40, 300] in one 16 x 512 tile per 16 rows, and
     [96, 2048] in 16 x 512 tiles split four ways; CUDA (bfloat16): the 1.7B o shape and the
     135M q/k/v, o and down shapes in tile_config's tiles (16 x next power of two of K). Within
-    1e-5 of a float32 reference (float32 output), with and without bias; a row's bits do not
-    depend on the rows beside it; repeatable bit for bit; a split product's deferred partials
+    1e-5 of a float32 reference (float32 output), 16 rows and one, with and without bias; a
+    row's bits do not depend on the rows beside it (2-16 rows); repeatable bit for bit; a split product's deferred partials
     sum to the same bits; a tile shorter than its share of the reduction is refused. Returns the
     worst relative error."""
     from mtpserve.kernels import arrival
@@ -78,8 +78,10 @@ def check_preload(device: str) -> float:
         assert worst < 1e-5, (n, k, worst)
         assert torch.equal(out, gemv(x, w, b, out_dtype=torch.float32, **kw)), (n, k)
         y = gemv(x, w, **kw)
-        for m in (1, 3, 5):
+        for m in (2, 3, 5):   # several rows: one dot, a row's bits whatever the rows beside it
             assert torch.equal(y[:m], gemv(x[:m], w, **kw)), (n, k, m)
+        one = gemv(x[:1], w, b, out_dtype=torch.float32, **kw)   # one row: multiply and sum
+        assert _rel(one, ref[:1] + b.float()) < 1e-5, (n, k)
         if split > 1:
             assert torch.equal(gemv(x, w, defer_sum=True, **kw).total(), y), (n, k)
         assert int(arrival.counters(w.device).abs().sum()) == 0
@@ -253,7 +255,7 @@ def check_swiglu_errors(device: str) -> int:
     saved = gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K
     gemv_triton.SWIGLU_MIN_K = 0
     try:
-        assert fits(shape(12288, 2048)) and not fits(shape(1536, 2048))
+        assert fits(shape(12288, 2048)) and not fits(shape(1536, 4096))   # split 4
         gemv_triton.SWIGLU_EPILOGUE = False
         assert not fits(shape(12288, 2048))
     finally:

@@ -663,7 +663,7 @@ def test_compiling_ahead_compiles_without_running_then_runs():
 def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     """A split o / down product's partials summed by the next norm (gemv_triton.SplitKPartials)
     against the product summing them itself: tests/gemv_check.py's kernel check in bfloat16,
-    then a tiny Llama whose o and down products split four ways (K = 2048): prompt logits of 12
+    then a tiny Llama whose o and down products split four ways (K = 4096): prompt logits of 12
     tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs (no
     prefix caching: a second run would prefill only the uncached tail, through other products)."""
     import sys
@@ -676,9 +676,9 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_deferred_sum("cuda") == 3
-    hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
-                       head_dim=128, intermediate_size=2048)
-    assert gemv_triton.tile_config(256, 2048, rows=16)["split_k"] == 4
+    hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=32, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=4096)
+    assert gemv_triton.tile_config(256, 4096, rows=16)["split_k"] == 4
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
               gpu_memory_utilization=0.3, enable_prefix_caching=False)
     prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
@@ -807,11 +807,12 @@ def test_fla_varlen_chunk_matches_the_reference():
 
 
 def test_preloaded_product_tiles(tmp_path):
-    """gemv_triton.PRELOAD (one-wave products of one row: whole 16-row tiles loaded before the
-    PDL wait, multiplied row by row): tests/gemv_check.py's kernel check in bfloat16 at the
-    1.7B o and the 135M shapes (1-16 rows); then a tiny Qwen3 whose one-row products take them:
-    the logits of a one-token prefill (eager) within 1% of the pipelined products' and the same
-    greedy tokens through CUDA graphs (one request: one-row steps; two: pipelined), with
+    """gemv_triton.PRELOAD (one-wave products of up to PRELOAD_MAX_ROWS rows: whole 16-row tiles
+    loaded before the PDL wait, multiplied row by row at one row, in one dot at more):
+    tests/gemv_check.py's kernel check in bfloat16 at the 1.7B o and the 135M shapes (1-16
+    rows); then a tiny Qwen3 whose products of one and more rows take them: the logits of a
+    one-token and of a 4-token prefill (eager) within 1% of the pipelined products' and the
+    same greedy tokens through CUDA graphs (one request: one-row steps; two: two rows), with
     PRELOAD on and off."""
     import sys
     sys.path.insert(0, "tests")
@@ -824,17 +825,18 @@ def test_preloaded_product_tiles(tmp_path):
     llm = _tiny_qwen3_llm(tmp_path)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
     assert gemv_triton.tile_config(2048, 256, rows=1)["preload"]
-    assert not gemv_triton.tile_config(2048, 256, rows=2)["preload"]
+    assert gemv_triton.tile_config(2048, 256, rows=4)["preload"]
 
     def outputs(on):
         with _switched(llm, gemv_triton, "PRELOAD", on):
-            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
-                    _greedy(llm, prompts, 24))
+            return (logits_of_prompt(llm.engine, [5]), logits_of_prompt(llm.engine, [5, 9, 33, 2]),
+                    _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24))
 
     pipelined, preloaded = outputs(False), outputs(True)
-    rel = ((preloaded[0] - pipelined[0]).norm() / pipelined[0].norm()).item()
-    assert 0 < rel < 1e-2, rel   # 0 would mean the preloaded tiles never ran
-    assert preloaded[1:] == pipelined[1:]
+    for i in (0, 1):   # 0 would mean the preloaded tiles never ran
+        rel = ((preloaded[i] - pipelined[i]).norm() / pipelined[i].norm()).item()
+        assert 0 < rel < 1e-2, (i, rel)
+    assert preloaded[2:] == pipelined[2:]
 
 
 def test_streamed_one_row_products(tmp_path, monkeypatch):

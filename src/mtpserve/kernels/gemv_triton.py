@@ -86,7 +86,9 @@ SWIGLU_MIN_K = 4096
 # take the pipelined loop, or at one row the streamed product where STREAM applies
 # (benchmarks/gpu_decode.py --compare no_preload)
 PRELOAD = True
-PRELOAD_MAX_ROWS = 1
+# rows past one are multiplied in one ``tl.dot`` over the whole tile (the row loop before was
+# slower than the pipelined tiles: module doc)
+PRELOAD_MAX_ROWS = 16
 # the tile's registers: 16 x 2048 bf16 at 8 warps, 100 registers at one row (kept 16-bit until
 # multiplied: gemv_stream_triton.late_f32; 172 before session 23)
 PRELOAD_MAX_K = 2048
@@ -106,7 +108,7 @@ STREAM_MAX_N = 65535
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each; so may a
 # product of 2 to FUSED_INPUT_MAX_ROWS rows in its pipelined tiles (kernels/gemv_rows_input.py)
 FUSED_INPUTS = True
-FUSED_INPUT_MAX_ROWS = 16
+FUSED_INPUT_MAX_ROWS = 1
 # the tiles' steps of the reduction with an input computed in front: at most this many inputs
 # (sm_90 ptxas, the 1.7B q/k/v tile of 32 x 512 with the norm: 255 registers and 20 bytes
 # spilled, 616 where it sums 4 split-K partials; 32 x 256: 80 registers, 96 bytes spilled with
@@ -242,8 +244,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, r_ptr, nw_ptr,
     nmask, mmask = n < N, m < M
     k_start = pid_k * K_SPLIT
     if PRELOAD:
-        acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
-                              BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
+        acc = _preloaded_tile(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K, K_SPLIT,
+                              PRECISION, BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
         pdl_wait(PDL)
         acc, ss = _pipelined_tile_dot(x_ptr, w_ptr, r_ptr, nw_ptr, ro_ptr, sx, sw, s_part, m,
@@ -292,27 +294,28 @@ def _pipelined_tile_dot(x_ptr, w_ptr, r_ptr, nw_ptr, ro_ptr, sx, sw, s_part, m, 
 
 
 @triton.jit
-def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_ROW: tl.constexpr,
-                    LATE: tl.constexpr, PDL: tl.constexpr):
-    """The same tile with the weight loaded whole before the PDL wait (module doc), then each
-    of the M rows of x multiplied and summed in float32: no padding rows, and a row's bits do
-    not depend on the rows beside it."""
+def _preloaded_tile(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
+                    K_SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+                    ROWS: tl.constexpr, ONE_ROW: tl.constexpr, LATE: tl.constexpr,
+                    PDL: tl.constexpr):
+    """The same tile with the weight loaded whole before the PDL wait (module doc), then
+    multiplied: one row of x in float32 multiply-and-sum (the tile kept 16-bit until then), or
+    several in one ``tl.dot`` over the whole tile (the rows of x padded to ROWS; a row's bits
+    do not depend on the rows beside it)."""
     k = k_start + tl.arange(0, K_SPLIT)
     kmask = k < K
     w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                 mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_wait(PDL)
-    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
     if ONE_ROW:   # the tile stays 16-bit until it is multiplied: two programs fit an SM
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         x0 = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         row = tl.sum(to_f32(w, LATE) * x0[None, :], axis=1)
         acc = tl.where(m[:, None] == 0, row[None, :], acc)
     else:
-        wf = w.to(tl.float32)
-        for i in range(M):
-            xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
-            acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
+        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
+                    other=0.0)
+        acc = tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
     return acc
 
 
