@@ -51,8 +51,7 @@ class LinearBase(nn.Module):
         if silu_input or not isinstance(x, torch.Tensor):   # an input fused in front (CUDA)
             from mtpserve.kernels.gemv_triton import gemv_fused_input
 
-            return gemv_fused_input(x, self.weight, bias, silu_input=silu_input,
-                                    defer_sum=defer_sum)
+            return gemv_fused_input(x, self.weight, bias, silu_input=silu_input)
         if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
             from mtpserve.kernels.gemv_triton import gemv
 
@@ -140,10 +139,8 @@ class RowParallelLinear(LinearBase):
         """``x`` [T, in/tp] -> [T, out] summed over the TP ranks (+ bias). ``defer_sum``: on one
         rank, without bias, a split-K skinny product may return its partials
         (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does).
-        ``silu_input`` (where ``gemv_triton.fused_input_fits``): ``x`` is [T, 2 in/tp] =
+        ``silu_input`` (where ``gemv_triton.fused_input_fits``): ``x`` is [1, 2 in/tp] =
         [gate | up] and the product takes ``silu(gate) * up`` in its own programs."""
-        if silu_input and defer_sum and self.tp_size == 1 and self.bias is None:
-            return self._product(x, None, defer_sum=True, silu_input=True)
         if silu_input:
             y = tp_all_reduce(self._product(x, None, silu_input=True))
             return y if self.bias is None else y + self.bias

@@ -50,12 +50,11 @@ class RMSNorm(nn.Module):
 
     def add_norm_into(self, x, residual: torch.Tensor | None, weight: torch.Tensor):
         """:meth:`add_norm` for a product by ``weight`` next: where that product can take the
-        residual add and the norm in its own programs (``gemv_triton.fused_input_fits``: on
-        CUDA, one row in a streamed product or a few in the tiles; not zero-centred), returns
-        ``(NormInput, residual)``, the residual tensor written when the product runs; else
-        ``add_norm(x, residual)``. ``x`` may be a split product's partials (several rows)."""
-        if (residual is not None and not self.zero_centered and use_triton(x)
-                and residual.shape == x.shape and residual.is_contiguous()):
+        residual add and the norm in its own programs (``gemv_triton.fused_input_fits``: one row
+        on CUDA, a streamed product; not zero-centred), returns ``(NormInput, residual)``, the
+        residual tensor written when the product runs; else ``add_norm(x, residual)``."""
+        if (residual is not None and not self.zero_centered and isinstance(x, torch.Tensor)
+                and use_triton(x) and residual.shape == x.shape):
             from mtpserve.kernels.gemv_stream_triton import NormInput
             from mtpserve.kernels.gemv_triton import fused_input_fits
 

@@ -109,9 +109,9 @@ class LlamaMLP(nn.Module):
     def forward(self, x):
         """[T, hidden] (or a ``NormInput``, ``RMSNorm.add_norm_into``) -> [T, hidden], or the
         down product's split-K partials for the next norm to sum
-        (``RowParallelLinear(defer_sum=True)``). Where the down product can take SiLU-and-mul
-        in its own programs (a few rows on CUDA, ``gemv_triton.fused_input_fits``), it gets the
-        gate/up product as it is."""
+        (``RowParallelLinear(defer_sum=True)``). Where the streamed down product can take
+        SiLU-and-mul in its own programs (one row, ``gemv_triton.fused_input_fits``), it gets
+        the gate/up product as it is."""
         if self.gate_up_interleaved:
             return self.down_proj(self._swiglu(x), defer_sum=True)
         gu = self.gate_up_proj(x)
@@ -119,7 +119,7 @@ class LlamaMLP(nn.Module):
             from mtpserve.kernels.gemv_triton import fused_input_fits
 
             if fused_input_fits(gu, self.down_proj.weight, norm=False):
-                return self.down_proj(gu, defer_sum=True, silu_input=True)
+                return self.down_proj(gu, silu_input=True)
         return self.down_proj(self.act(gu), defer_sum=True)
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
