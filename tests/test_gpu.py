@@ -663,7 +663,7 @@ def test_compiling_ahead_compiles_without_running_then_runs():
 def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     """A split o / down product's partials summed by the next norm (gemv_triton.SplitKPartials)
     against the product summing them itself: tests/gemv_check.py's kernel check in bfloat16,
-    then a tiny Llama whose o and down products split four ways (K = 4096): prompt logits of 12
+    then a tiny Llama whose o and down products split four ways (K = 2048): prompt logits of 12
     tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs (no
     prefix caching: a second run would prefill only the uncached tail, through other products)."""
     import sys
@@ -676,9 +676,9 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_deferred_sum("cuda") == 3
-    hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=32, num_key_value_heads=4,
-                       head_dim=128, intermediate_size=4096)
-    assert gemv_triton.tile_config(256, 4096, rows=16)["split_k"] == 4
+    hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=2048)
+    assert gemv_triton.tile_config(256, 2048, rows=16)["split_k"] == 4
     llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
               gpu_memory_utilization=0.3, enable_prefix_caching=False)
     prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
@@ -807,12 +807,11 @@ def test_fla_varlen_chunk_matches_the_reference():
 
 
 def test_preloaded_product_tiles(tmp_path):
-    """gemv_triton.PRELOAD (one-wave products of up to PRELOAD_MAX_ROWS rows: whole 16-row tiles
-    loaded before the PDL wait, multiplied row by row at one row, in one dot at more):
-    tests/gemv_check.py's kernel check in bfloat16 at the 1.7B o and the 135M shapes (1-16
-    rows); then a tiny Qwen3 whose products of one and more rows take them: the logits of a
-    one-token and of a 4-token prefill (eager) within 1% of the pipelined products' and the
-    same greedy tokens through CUDA graphs (one request: one-row steps; two: two rows), with
+    """gemv_triton.PRELOAD (one-wave products of one row: whole 16-row tiles loaded before the
+    PDL wait, multiplied row by row): tests/gemv_check.py's kernel check in bfloat16 at the
+    1.7B o and the 135M shapes (1-16 rows); then a tiny Qwen3 whose one-row products take them:
+    the logits of a one-token prefill (eager) within 1% of the pipelined products' and the same
+    greedy tokens through CUDA graphs (one request: one-row steps; two: pipelined), with
     PRELOAD on and off."""
     import sys
     sys.path.insert(0, "tests")
@@ -825,18 +824,44 @@ def test_preloaded_product_tiles(tmp_path):
     llm = _tiny_qwen3_llm(tmp_path)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
     assert gemv_triton.tile_config(2048, 256, rows=1)["preload"]
-    assert gemv_triton.tile_config(2048, 256, rows=4)["preload"]
+    assert not gemv_triton.tile_config(2048, 256, rows=2)["preload"]
 
     def outputs(on):
         with _switched(llm, gemv_triton, "PRELOAD", on):
-            return (logits_of_prompt(llm.engine, [5]), logits_of_prompt(llm.engine, [5, 9, 33, 2]),
-                    _greedy(llm, prompts[:1], 24), _greedy(llm, prompts, 24))
+            return (logits_of_prompt(llm.engine, [5]), _greedy(llm, prompts[:1], 24),
+                    _greedy(llm, prompts, 24))
 
     pipelined, preloaded = outputs(False), outputs(True)
-    for i in (0, 1):   # 0 would mean the preloaded tiles never ran
-        rel = ((preloaded[i] - pipelined[i]).norm() / pipelined[i].norm()).item()
-        assert 0 < rel < 1e-2, (i, rel)
-    assert preloaded[2:] == pipelined[2:]
+    rel = ((preloaded[0] - pipelined[0]).norm() / pipelined[0].norm()).item()
+    assert 0 < rel < 1e-2, rel   # 0 would mean the preloaded tiles never ran
+    assert preloaded[1:] == pipelined[1:]
+
+
+def test_early_first_tile_gives_the_same_bits(tmp_path):
+    """gemv_triton.EARLY_TILE (the pipelined tiles load their first step of the weight before
+    the PDL wait): tests/gemv_check.py's kernel check in bfloat16 (the 1.7B and 8B shapes at 4
+    rows: 6 cases, bit-equal on and off); then a tiny Qwen3 of the 1.7B's widths through CUDA
+    graphs with it on and off: the logits of a 4-token prefill bit-equal, the same greedy tokens
+    of two requests (two-row steps in the tiles)."""
+    import sys
+    sys.path.insert(0, "tests")
+    import gemv_check
+    from harness import logits_of_prompt
+
+    from mtpserve.kernels import gemv_triton
+
+    assert gemv_check.check_early_tile("cuda") == 6
+    llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
+                          intermediate_size=6144)
+    prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
+
+    def outputs(on):
+        with _switched(llm, gemv_triton, "EARLY_TILE", on):
+            return logits_of_prompt(llm.engine, [5, 9, 33, 2]), _greedy(llm, prompts, 24)
+
+    off, on = outputs(False), outputs(True)
+    assert torch.equal(on[0], off[0])
+    assert on[1] == off[1]
 
 
 def test_streamed_one_row_products(tmp_path, monkeypatch):
@@ -914,45 +939,3 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     rel = ((fused_out[0] - unfused[0]).norm() / unfused[0].norm()).item()
     assert rel < 1e-2, rel
     assert fused_out[1:] == unfused[1:]
-
-
-def test_tiled_products_with_fused_inputs(tmp_path, monkeypatch):
-    """Products of 2-16 rows taking their input in front (gemv_triton.FUSED_INPUT_MAX_ROWS,
-    kernels/gemv_rows_input.py): tests/gemv_check.py's check in bfloat16 at 4 rows (1.7B down
-    with SiLU-and-mul; 1.7B q/k/v, gate/up and 8B gate/up with the residual add + RMSNorm, of a
-    tensor and of split-K partials: 7 cases); then the two-layer Qwen3 of the 1.7B's widths
-    with FUSED_INPUT_MAX_ROWS 16 against 1 (one-row products fused either way): products of
-    several rows fused in the graphs' capture only when on, the logits of a 4-token prefill
-    (4-row products) within 1% of the unfused ones, the same greedy tokens of three requests
-    through CUDA graphs."""
-    import sys
-    sys.path.insert(0, "tests")
-    import gemv_check
-    from harness import logits_of_prompt
-
-    from mtpserve.kernels import gemv_triton
-    from mtpserve.kernels.gemv_stream_triton import NormInput
-
-    assert gemv_check.check_tiled_fused_inputs("cuda") == 7
-    llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
-                          intermediate_size=6144)
-    prompts = [[5, 9, 33, 2, 71], list(range(2, 40)), [7] * 12]
-    rows = []
-    fused = gemv_triton.gemv_fused_input
-
-    def recorded(x, *a, **kw):
-        rows.append((x.x if isinstance(x, NormInput) else x).shape[0])
-        return fused(x, *a, **kw)
-
-    monkeypatch.setattr(gemv_triton, "gemv_fused_input", recorded)
-
-    def outputs(max_rows):
-        del rows[:]
-        with _switched(llm, gemv_triton, "FUSED_INPUT_MAX_ROWS", max_rows):
-            assert (max(rows) > 1) == (max_rows > 1), rows
-            return (logits_of_prompt(llm.engine, [5, 9, 33, 2]), _greedy(llm, prompts, 24))
-
-    unfused, fused_out = outputs(1), outputs(16)
-    rel = ((fused_out[0] - unfused[0]).norm() / unfused[0].norm()).item()
-    assert rel < 1e-2, rel
-    assert fused_out[1] == unfused[1]

@@ -57,8 +57,7 @@ import triton.language as tl
 
 from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
-from mtpserve.kernels.gemv_rows_input import NORM, PLAIN, SILU, rms_scale, x_tile
-from mtpserve.kernels.gemv_stream_triton import NormInput, gemv_stream, sm_count, to_f32
+from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
@@ -86,9 +85,7 @@ SWIGLU_MIN_K = 4096
 # take the pipelined loop, or at one row the streamed product where STREAM applies
 # (benchmarks/gpu_decode.py --compare no_preload)
 PRELOAD = True
-# rows past one are multiplied in one ``tl.dot`` over the whole tile (the row loop before was
-# slower than the pipelined tiles: module doc)
-PRELOAD_MAX_ROWS = 16
+PRELOAD_MAX_ROWS = 1
 # the tile's registers: 16 x 2048 bf16 at 8 warps, 100 registers at one row (kept 16-bit until
 # multiplied: gemv_stream_triton.late_f32; 172 before session 23)
 PRELOAD_MAX_K = 2048
@@ -104,17 +101,16 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
+# on: the pipelined tiles load their first step of the weight before the PDL wait, as the
+# preloaded tiles and the streamed units do (the weight never depends on the kernel before);
+# the same bits (benchmarks/gpu_decode.py --compare no_early_tile); for steps of at most
+# EARLY_TILE_MAX_K inputs (sm_90 ptxas: tiles of 32 x 512 held across the wait spill 80-112 bytes
+# at 255 registers; 64 x 256 take 204 registers, none)
+EARLY_TILE = True
+EARLY_TILE_MAX_K = 512
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
-# its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each; so may a
-# product of 2 to FUSED_INPUT_MAX_ROWS rows in its pipelined tiles (kernels/gemv_rows_input.py)
+# its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
-FUSED_INPUT_MAX_ROWS = 1
-# the tiles' steps of the reduction with an input computed in front: at most this many inputs
-# (sm_90 ptxas, the 1.7B q/k/v tile of 32 x 512 with the norm: 255 registers and 20 bytes
-# spilled, 616 where it sums 4 split-K partials; 32 x 256: 80 registers, 96 bytes spilled with
-# the partials; 32 x 128 with them: 116 registers, none). One bound whether or not the input
-# is partials, so that a row's bits do not depend on DEFER_SUM
-FUSED_INPUT_BLOCK_K = 128
 
 
 @dataclass
@@ -229,14 +225,13 @@ def swiglu_fits(weight: torch.Tensor) -> bool:
 # M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16
 # rows would otherwise compile each product three times at start-up
 @triton.jit(**unspecialized(ints=("M",)))
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, ro_ptr, eps,
-                 M, N, sx, sw, sy, s_part,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, sy,
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PRELOAD: tl.constexpr, LATE: tl.constexpr, INPUT: tl.constexpr,
-                 PARTS: tl.constexpr, PDL: tl.constexpr):
+                 PRELOAD: tl.constexpr, LATE: tl.constexpr, EARLY: tl.constexpr,
+                 PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -244,15 +239,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, r_ptr, nw_ptr,
     nmask, mmask = n < N, m < M
     k_start = pid_k * K_SPLIT
     if PRELOAD:
-        acc = _preloaded_tile(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K, K_SPLIT,
-                              PRECISION, BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
+        acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
+                              BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
-        pdl_wait(PDL)
-        acc, ss = _pipelined_tile_dot(x_ptr, w_ptr, r_ptr, nw_ptr, ro_ptr, sx, sw, s_part, m,
-                                      mmask, n, nmask, k_start, K, tl.where(pid_n == 0, M, 0),
-                                      K_SPLIT,
-                                      PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES, INPUT, PARTS)
-        acc = rms_scale(acc, ss, K, eps, INPUT)
+        acc = _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
+                                  K_SPLIT, PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES, EARLY,
+                                  PDL)
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -271,51 +263,68 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, r_ptr, nw_ptr,
 
 
 @triton.jit
-def _pipelined_tile_dot(x_ptr, w_ptr, r_ptr, nw_ptr, ro_ptr, sx, sw, s_part, m, mmask, n, nmask,
-                        k_start, K, store_rows, K_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                        STAGES: tl.constexpr, INPUT: tl.constexpr, PARTS: tl.constexpr):
+def _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
+                        K_SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
+                        EARLY: tl.constexpr, PDL: tl.constexpr):
     """``x[m, k] @ w[n, k]^T`` over ``k`` in [k_start, k_start + K_SPLIT) and below K: one
     program's float32 [ROWS, BLOCK_N] tile, ``BLOCK_K`` inputs a step in a pipelined loop (the
-    rows of x padded to ROWS for ``tl.dot``), and the rows' sums of squares [ROWS] of a norm
-    computed in front (``INPUT``; kernels/gemv_rows_input.py, which makes each chunk of x)."""
+    rows of x padded to ROWS for ``tl.dot``), after the PDL wait. With EARLY the first step's
+    weight is loaded before the wait (``EARLY_TILE``), its product taken after it, and the loop
+    runs the other steps: the same products added in the same order."""
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    ss = tl.zeros([ROWS], tl.float32)
-    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
-        k = k_start + k0 + tl.arange(0, BLOCK_K)
-        kmask = k < K
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)
-        x, sq = x_tile(x_ptr, r_ptr, nw_ptr, ro_ptr, sx, s_part, m, mmask, k, kmask, K, store_rows,
-                       INPUT, PARTS)
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
-        ss += sq
-    return acc, ss
+    if EARLY:
+        w0 = _weight_step(w_ptr, sw, n, nmask, k_start, K, BLOCK_K)
+        pdl_wait(PDL)
+        acc = _dot_step(acc, x_ptr, sx, m, mmask, w0, k_start, K, PRECISION, BLOCK_K)
+    else:
+        pdl_wait(PDL)
+    for k0 in tl.range(EARLY * BLOCK_K, K_SPLIT, BLOCK_K, num_stages=STAGES):
+        w = _weight_step(w_ptr, sw, n, nmask, k_start + k0, K, BLOCK_K)
+        acc = _dot_step(acc, x_ptr, sx, m, mmask, w, k_start + k0, K, PRECISION, BLOCK_K)
+    return acc
 
 
 @triton.jit
-def _preloaded_tile(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
-                    K_SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-                    ROWS: tl.constexpr, ONE_ROW: tl.constexpr, LATE: tl.constexpr,
-                    PDL: tl.constexpr):
-    """The same tile with the weight loaded whole before the PDL wait (module doc), then
-    multiplied: one row of x in float32 multiply-and-sum (the tile kept 16-bit until then), or
-    several in one ``tl.dot`` over the whole tile (the rows of x padded to ROWS; a row's bits
-    do not depend on the rows beside it)."""
+def _weight_step(w_ptr, sw, n, nmask, k0, K, BLOCK_K: tl.constexpr):
+    """Rows ``n`` of the weight at inputs ``k0 .. k0 + BLOCK_K`` (zero past N and K)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                   mask=nmask[:, None] & (k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _dot_step(acc, x_ptr, sx, m, mmask, w, k0, K, PRECISION: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """``acc + x[m, k0 .. k0 + BLOCK_K] @ w^T``: one step of the reduction."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & (k < K)[None, :],
+                other=0.0)
+    return acc + tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+
+
+@triton.jit
+def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_ROW: tl.constexpr,
+                    LATE: tl.constexpr, PDL: tl.constexpr):
+    """The same tile with the weight loaded whole before the PDL wait (module doc), then each
+    of the M rows of x multiplied and summed in float32: no padding rows, and a row's bits do
+    not depend on the rows beside it."""
     k = k_start + tl.arange(0, K_SPLIT)
     kmask = k < K
     w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                 mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_wait(PDL)
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
     if ONE_ROW:   # the tile stays 16-bit until it is multiplied: two programs fit an SM
-        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         x0 = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         row = tl.sum(to_f32(w, LATE) * x0[None, :], axis=1)
         acc = tl.where(m[:, None] == 0, row[None, :], acc)
     else:
-        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                    other=0.0)
-        acc = tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
+        wf = w.to(tl.float32)
+        for i in range(M):
+            xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
+            acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
     return acc
 
 
@@ -341,11 +350,11 @@ def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr)
     tl.store(y_ptr + m[:, None] * sy + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
-def gemv(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
          defer_sum: bool = False, swiglu: bool = False,
-         preload: bool = False, silu_input: bool = False) -> torch.Tensor | SplitKPartials:
+         preload: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
@@ -360,23 +369,14 @@ def gemv(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
     ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload``: each
     program loads its whole tile of ``block_n`` rows by ``block_k`` inputs (a power of two; the
     reduction split ``split_k`` ways of at most ``block_k``) before its PDL wait and multiplies
-    it row by row (module doc).
-    Inputs computed in the product's own programs (the pipelined tiles; kernels/gemv_rows_input.py):
-    ``silu_input``: ``x`` is [M, 2K] = [gate | up] and the product takes ``silu(gate) * up``
-    (the same bits as ``fused_triton.silu_and_mul`` then the product); ``x`` a
-    ``gemv_stream_triton.NormInput`` ([M, K] residuals; its ``x`` a tensor or a split product's
-    :class:`SplitKPartials`; an unsplit reduction): the product takes ``RMSNorm(residual + x)``
-    and writes ``residual + x`` to its ``residual_out``.
-    Raises ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of
-    another width, ``swiglu`` with a bias, a split reduction or an odd N, a preloaded tile
-    shorter than its share of the reduction, or an input computed in front of a preloaded
-    tile, a NormInput in front of a split reduction or with a bias.
+    it row by row (module doc). Raises
+    ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of
+    another width, ``swiglu`` with a bias, a split reduction or an odd N, or a preloaded tile
+    shorter than its share of the reduction.
     """
-    N, K = weight.shape
-    inp = _RowsInput.of(x, K, silu_input)
-    x = inp.x
     M = x.shape[0]
-    stream = stream_config(M, N, K) if block_n is None and inp.mode == PLAIN else None
+    N, K = weight.shape
+    stream = stream_config(M, N, K) if block_n is None else None
     if stream:
         _check(x, weight)
         return _streamed(x, weight, bias, stream, swiglu=swiglu, out_dtype=out_dtype)
@@ -385,22 +385,18 @@ def gemv(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
         block_n, block_k, num_warps, stages, split_k, preload = (
             cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["stages"], cfg["split_k"],
             cfg["preload"])
-        if inp.mode != PLAIN:
-            block_k = min(block_k, FUSED_INPUT_BLOCK_K)
-    inp.check(weight, M)
+    _check(x, weight)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     k_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
     split_k = triton.cdiv(K, k_split)
-    if preload and (k_split != block_k or inp.mode != PLAIN):
+    if preload and k_split != block_k:
         raise ValueError(f"gemv: a preloaded tile of {block_k} inputs is shorter than its "
-                         f"{k_split} of the reduction (K {K}, split_k {split_k}) or takes an "
-                         f"input computed in front")
+                         f"{k_split} of the reduction (K {K}, split_k {split_k})")
     if swiglu and (bias is not None or split_k > 1 or N % 2 or block_n % 2):
         raise ValueError(f"gemv: the SwiGLU epilogue takes an unsplit product of an even number "
                          f"of rows without bias (split_k {split_k}, N {N}, bias "
                          f"{bias is not None})")
-    if inp.mode == NORM and (split_k > 1 or bias is not None):
-        raise ValueError(f"gemv: a norm in front takes an unsplit product without bias "
-                         f"(split_k {split_k})")
     defer = defer_sum and DEFER_SUM and split_k > 1 and bias is None
     n_tiles = triton.cdiv(N, block_n)
     if split_k > 1 and n_tiles > arrival.NUM_COUNTERS:
@@ -408,81 +404,16 @@ def gemv(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
     part = (torch.empty(split_k, M, N, device=x.device, dtype=torch.float32) if split_k > 1
             else weight)
     count = arrival.counters(x.device) if split_k > 1 and not defer else weight
-    dtype = out_dtype or inp.dtype
-    y = part if defer else torch.empty(M, N // 2 if swiglu else N, dtype=dtype, device=x.device)
+    y = part if defer else torch.empty(M, N // 2 if swiglu else N, dtype=out_dtype or x.dtype,
+                                       device=x.device)
     _gemv_kernel[(n_tiles, split_k)](
-        inp.src, weight, bias if bias is not None else weight, y, part, count, *inp.norm_args,
-        M, N, inp.row_stride, weight.stride(0), y.stride(0), inp.part_stride, K=K,
-        K_SPLIT=k_split, SPLIT_K=split_k, HAS_BIAS=bias is not None,
-        PRECISION="ieee" if inp.dtype == torch.float32 else None,
+        x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
+        weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
+        HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
-        LATE=x.is_cuda and weight.dtype == torch.bfloat16, INPUT=inp.mode, PARTS=inp.parts,
-        **pdl.launch(weight))
-    return SplitKPartials(part, dtype) if defer else y
-
-
-@dataclass
-class _RowsInput:
-    """What :func:`gemv`'s kernel reads as its input: ``x`` (a tensor [M, K], [M, 2K] for SiLU,
-    or split-K partials under a norm), ``mode`` (gemv_rows_input: PLAIN, SILU, NORM), and for
-    NORM the residual, norm weight, eps and new-residual tensor."""
-    x: object
-    mode: int
-    norm: NormInput | None = None
-
-    @classmethod
-    def of(cls, x, K: int, silu_input: bool) -> "_RowsInput":
-        if isinstance(x, NormInput):
-            if silu_input:
-                raise ValueError("gemv: a NormInput and silu_input together")
-            return cls(x.x, NORM, x)
-        if isinstance(x, torch.Tensor) and x.stride(-1) != 1:
-            x = x.contiguous()
-        return cls(x, SILU if silu_input else PLAIN)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def parts(self) -> int:
-        return self.x.parts.shape[0] if isinstance(self.x, SplitKPartials) else 0
-
-    @property
-    def src(self) -> torch.Tensor:
-        return self.x.parts if self.parts else self.x
-
-    @property
-    def row_stride(self) -> int:
-        return self.x.shape[1] if self.mode == NORM else self.x.stride(0)
-
-    @property
-    def part_stride(self) -> int:
-        return self.x.parts.stride(0) if self.parts else 0
-
-    @property
-    def norm_args(self) -> tuple:
-        n = self.norm
-        return (n.residual, n.weight, n.residual_out, n.eps) if n else (self.src,) * 3 + (0.0,)
-
-    def check(self, weight: torch.Tensor, M: int) -> None:
-        """Raise ``ValueError`` unless the kernel takes this input for ``weight``."""
-        K = weight.shape[1]
-        if self.mode == SILU:
-            if self.x.shape[1] != 2 * K:
-                raise ValueError(f"gemv: silu_input takes [M, 2K = {2 * K}], got "
-                                 f"{tuple(self.x.shape)}")
-            _check(self.x[:, :K], weight)
-            return
-        _check(self.x, weight)
-        n = self.norm
-        if n and (n.residual.shape != (M, K) or n.residual_out.shape != (M, K)
-                  or n.weight.shape != (K,) or not n.residual.is_contiguous()
-                  or not n.residual_out.is_contiguous() or n.residual.dtype != self.dtype
-                  or (self.parts == 0 and not self.x.is_contiguous())):
-            raise ValueError(f"gemv: a NormInput needs contiguous residuals [M, K] = [{M}, {K}] "
-                             f"of x's dtype and a norm weight [K]")
+        LATE=x.is_cuda and weight.dtype == torch.bfloat16, EARLY=EARLY_TILE and block_k <= EARLY_TILE_MAX_K, **pdl.launch(x))
+    return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
 def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
@@ -504,44 +435,32 @@ def register_share(per_sm: int, num_warps: int) -> int:
     return min(65536 // (per_sm * 32 * num_warps) // 8 * 8, 255)
 
 
-def fused_input_fits(x, weight: torch.Tensor, norm: bool) -> bool:
+def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
     """Whether a product of ``x`` by ``weight`` [N, K] takes its input fused in front
-    (:func:`gemv_fused_input`): ENABLED and FUSED_INPUTS on, ``x`` on CUDA in the weight's 16-bit
-    dtype. One row: a streamed product (:func:`stream_config`), and for a residual add +
-    RMSNorm (``norm``) ``x`` a tensor (not split-K partials) of K inputs in one chunk of all of
-    them. 2 to FUSED_INPUT_MAX_ROWS rows: the pipelined tiles (kernels/gemv_rows_input.py), for
-    a norm with an unsplit reduction; ``x`` may be split-K partials there. For a SiLU-and-mul
-    (not ``norm``) ``x`` is [M, 2K]."""
-    if not (ENABLED and FUSED_INPUTS and x.is_cuda and len(x.shape) == 2
-            and x.dtype == weight.dtype and weight.dtype in (torch.bfloat16, torch.float16)
-            and weight.stride(-1) == 1):
+    (:func:`gemv_fused_input`): ENABLED and FUSED_INPUTS on, one row on CUDA in the weight's
+    16-bit dtype, a streamed product (:func:`stream_config`); for a residual add + RMSNorm
+    (``norm``) also ``x`` a tensor (not split-K partials) of K inputs and one chunk of all of
+    them. For a SiLU-and-mul (not ``norm``) ``x`` is [1, 2K]."""
+    if not (ENABLED and FUSED_INPUTS and isinstance(x, torch.Tensor) and x.is_cuda
+            and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
+            and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
         return False
-    M, N, K = x.shape[0], *weight.shape
-    if x.shape[1] != (K if norm else 2 * K):
+    N, K = weight.shape
+    stream = stream_config(1, N, K)
+    if stream is None:
         return False
-    if M == 1:
-        stream = stream_config(1, N, K)
-        return stream is not None and (not norm or (isinstance(x, torch.Tensor)
-                                                    and stream["block_k"] == K))
-    if M > FUSED_INPUT_MAX_ROWS:
-        return False
-    return not norm or tile_config(N, K, M)["split_k"] == 1
+    return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
 
 
 def gemv_fused_input(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     swiglu: bool = False, silu_input: bool = False,
-                     defer_sum: bool = False) -> torch.Tensor | SplitKPartials:
-    """The product with its input computed in its own programs, where :func:`fused_input_fits`
-    says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add + RMSNorm) or, with
-    ``silu_input``, [M, 2K] = [gate | up] (SiLU-and-mul). One row: the streamed product
-    (``gemv_stream``); more: the pipelined tiles (:func:`gemv`, which may defer a split sum
-    with ``defer_sum``). Returns [M, N] (``swiglu``: [M, N / 2]) in x's dtype."""
+                     swiglu: bool = False, silu_input: bool = False) -> torch.Tensor:
+    """The streamed one-row product with its input computed in front, where
+    :func:`fused_input_fits` says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add +
+    RMSNorm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
+    ``gemv_stream``. Returns [1, N] (``swiglu``: [1, N / 2]) in x's dtype."""
     N, K = weight.shape
-    rows = (x.x if isinstance(x, NormInput) else x).shape[0]
-    stream = stream_config(1, N, K) if rows == 1 else None
-    if stream is None:
-        return gemv(x, weight, bias, swiglu=swiglu, silu_input=silu_input, defer_sum=defer_sum)
-    return _streamed(x, weight, bias, stream, swiglu=swiglu, silu_input=silu_input)
+    return _streamed(x, weight, bias, stream_config(1, N, K), swiglu=swiglu,
+                     silu_input=silu_input)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
