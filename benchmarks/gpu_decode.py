@@ -187,7 +187,6 @@ def named_switches() -> dict:
                 "always_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 0),
                 "no_swiglu_epilogue": (gemv_triton, "SWIGLU_EPILOGUE", False),
                 "no_preload": (gemv_triton, "PRELOAD", False),
-                "no_early_tile": (gemv_triton, "EARLY_TILE", False),
                 "no_stream": (gemv_triton, "STREAM", False),
                 "early_kv": (paged_attention_triton, "EARLY_KV", True),
                 "no_fused_inputs": (gemv_triton, "FUSED_INPUTS", False),
@@ -257,8 +256,7 @@ def main() -> None:
                     metavar="SWITCH",
                     help="cublas, no_pdl, no_pair_kernel, no_deferred_sum, deferred_sum, "
                          "always_pair_kernel, no_swiglu_epilogue, no_preload (no preloaded "
-                         "tiles: pipelined, or streamed at one row), no_early_tile (the "
-                         "pipelined tiles' first weight step loaded after the PDL wait), no_stream (one-row products in tiles, "
+                         "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
                          "kernels at one row), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "

@@ -118,16 +118,3 @@ def test_interleaved_gate_up_model_gives_the_same_logits_under_triton_interprete
     + 3 decode steps on the skinny product, and an 18-token prefill off it) bit-equal before and
     after its gate/up rows are interleaved, the SwiGLU epilogue on (8 fused products) and off."""
     assert int(run_interpreted(_INTERLEAVED_MODEL, timeout=300)) == 8
-
-
-_EARLY_TILE = """
-import gemv_check
-print("RESULT", gemv_check.check_early_tile("cpu"))
-"""
-
-
-def test_early_first_tile_gives_the_same_bits_under_triton_interpreter():
-    """check_early_tile("cpu") of tests/gemv_check.py: the pipelined tiles with their first step
-    of the weight loaded before the PDL wait give the same bits as without, over a [40, 300]
-    float32 weight in tiles of 16 x 64, unsplit and split three ways, 2 and 5 rows: 4 cases."""
-    assert int(run_interpreted(_EARLY_TILE, timeout=300)) == 4

@@ -837,33 +837,6 @@ def test_preloaded_product_tiles(tmp_path):
     assert preloaded[1:] == pipelined[1:]
 
 
-def test_early_first_tile_gives_the_same_bits(tmp_path):
-    """gemv_triton.EARLY_TILE (the pipelined tiles load their first step of the weight before
-    the PDL wait): tests/gemv_check.py's kernel check in bfloat16 (the 1.7B and 8B shapes at 4
-    rows: 6 cases, bit-equal on and off); then a tiny Qwen3 of the 1.7B's widths through CUDA
-    graphs with it on and off: the logits of a 4-token prefill bit-equal, the same greedy tokens
-    of two requests (two-row steps in the tiles)."""
-    import sys
-    sys.path.insert(0, "tests")
-    import gemv_check
-    from harness import logits_of_prompt
-
-    from mtpserve.kernels import gemv_triton
-
-    assert gemv_check.check_early_tile("cuda") == 6
-    llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
-                          intermediate_size=6144)
-    prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
-
-    def outputs(on):
-        with _switched(llm, gemv_triton, "EARLY_TILE", on):
-            return logits_of_prompt(llm.engine, [5, 9, 33, 2]), _greedy(llm, prompts, 24)
-
-    off, on = outputs(False), outputs(True)
-    assert torch.equal(on[0], off[0])
-    assert on[1] == off[1]
-
-
 def test_streamed_one_row_products(tmp_path, monkeypatch):
     """gemv_triton.STREAM (one-row products of more than one wave streamed in one wave,
     kernels/gemv_stream_triton.py): tests/gemv_check.py's check in bfloat16 at the 1.7B q/k/v,

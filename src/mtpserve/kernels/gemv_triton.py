@@ -101,13 +101,6 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
-# on: the pipelined tiles load their first step of the weight before the PDL wait, as the
-# preloaded tiles and the streamed units do (the weight never depends on the kernel before);
-# the same bits (benchmarks/gpu_decode.py --compare no_early_tile); for steps of at most
-# EARLY_TILE_MAX_K inputs (sm_90 ptxas: tiles of 32 x 512 held across the wait spill 80-112 bytes
-# at 255 registers; 64 x 256 take 204 registers, none)
-EARLY_TILE = True
-EARLY_TILE_MAX_K = 512
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -230,8 +223,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PRELOAD: tl.constexpr, LATE: tl.constexpr, EARLY: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PRELOAD: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -242,9 +234,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
         acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
                               BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
+        pdl_wait(PDL)
         acc = _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
-                                  K_SPLIT, PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES, EARLY,
-                                  PDL)
+                                  K_SPLIT, PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES)
     out_mask = mmask[:, None] & nmask[None, :]
     if SPLIT_K > 1:   # partials [SPLIT_K, M, N] float32; the last program of this tile sums them
         part = part_ptr + m[:, None] * N + n[None, :]
@@ -265,42 +257,20 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
 @triton.jit
 def _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
                         K_SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
-                        EARLY: tl.constexpr, PDL: tl.constexpr):
+                        BLOCK_K: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
     """``x[m, k] @ w[n, k]^T`` over ``k`` in [k_start, k_start + K_SPLIT) and below K: one
     program's float32 [ROWS, BLOCK_N] tile, ``BLOCK_K`` inputs a step in a pipelined loop (the
-    rows of x padded to ROWS for ``tl.dot``), after the PDL wait. With EARLY the first step's
-    weight is loaded before the wait (``EARLY_TILE``), its product taken after it, and the loop
-    runs the other steps: the same products added in the same order."""
+    rows of x padded to ROWS for ``tl.dot``)."""
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    if EARLY:
-        w0 = _weight_step(w_ptr, sw, n, nmask, k_start, K, BLOCK_K)
-        pdl_wait(PDL)
-        acc = _dot_step(acc, x_ptr, sx, m, mmask, w0, k_start, K, PRECISION, BLOCK_K)
-    else:
-        pdl_wait(PDL)
-    for k0 in tl.range(EARLY * BLOCK_K, K_SPLIT, BLOCK_K, num_stages=STAGES):
-        w = _weight_step(w_ptr, sw, n, nmask, k_start + k0, K, BLOCK_K)
-        acc = _dot_step(acc, x_ptr, sx, m, mmask, w, k_start + k0, K, PRECISION, BLOCK_K)
+    for k0 in tl.range(0, K_SPLIT, BLOCK_K, num_stages=STAGES):
+        k = k_start + k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(x_ptr + m[:, None] * sx + k[None, :],
+                    mask=mmask[:, None] & kmask[None, :], other=0.0)
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
     return acc
-
-
-@triton.jit
-def _weight_step(w_ptr, sw, n, nmask, k0, K, BLOCK_K: tl.constexpr):
-    """Rows ``n`` of the weight at inputs ``k0 .. k0 + BLOCK_K`` (zero past N and K)."""
-    k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
-                   mask=nmask[:, None] & (k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _dot_step(acc, x_ptr, sx, m, mmask, w, k0, K, PRECISION: tl.constexpr,
-              BLOCK_K: tl.constexpr):
-    """``acc + x[m, k0 .. k0 + BLOCK_K] @ w^T``: one step of the reduction."""
-    k = k0 + tl.arange(0, BLOCK_K)
-    x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & (k < K)[None, :],
-                other=0.0)
-    return acc + tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
 
 
 @triton.jit
@@ -412,7 +382,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
-        LATE=x.is_cuda and weight.dtype == torch.bfloat16, EARLY=EARLY_TILE and block_k <= EARLY_TILE_MAX_K, **pdl.launch(x))
+        LATE=x.is_cuda and weight.dtype == torch.bfloat16, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
