@@ -107,13 +107,11 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
-early)    # session 26: the pipelined tiles' first weight step before the PDL wait; the 1- and 4-token forwards traced; the hybrid MTP step
-  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "early_first_tile or gemv_matches or split_k or preloaded or swiglu_epilogue" 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
-  timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" --compare recaptured no_early_tile \
-    mtpserve.kernels.gemv_triton:EARLY_TILE_MAX_K:256 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -14
+norms)    # session 26's last call: the residual add + norm kernels of the 4-row forward (warps, the split sum); the forwards traced
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" --compare recaptured \
+    no_deferred_sum mtpserve.kernels.fused_triton:ADD_NORM_WARPS:8 mtpserve.kernels.fused_triton:ADD_NORM_WARPS:16 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -14
   mkdir -p "$OUT/trace"
   timeout 90 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b smollm2-135m --forward-trace --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -4
-  timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -4
   ;;
 pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the kernel alone, the dense steps
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/

@@ -20,6 +20,11 @@ from mtpserve.kernels import pdl
 from mtpserve.kernels.gemv_triton import SplitKPartials
 from mtpserve.kernels.pdl import pdl_wait
 
+# warps of a residual add + RMSNorm program (one row a program): in a verify forward of a few
+# rows this kernel sits between two products, so its latency is the step's
+# (benchmarks/gpu_decode.py --compare mtpserve.kernels.fused_triton:ADD_NORM_WARPS:8)
+ADD_NORM_WARPS = 4
+
 
 @triton.jit
 def _rms_scale(x, n, eps):
@@ -117,7 +122,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     _add_rms_norm_kernel[(x2.shape[0],)](
         src, r2, weight, out, total, x2.stride(0), r2.stride(0), out.stride(0), total.stride(0),
         n, eps, src.stride(0), ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(n),
-        PARTS=num_parts, **pdl.launch(r2))
+        PARTS=num_parts, num_warps=ADD_NORM_WARPS, **pdl.launch(r2))
     return out.view(shape), total.view(shape)
 
 
