@@ -118,3 +118,18 @@ def test_interleaved_gate_up_model_gives_the_same_logits_under_triton_interprete
     + 3 decode steps on the skinny product, and an 18-token prefill off it) bit-equal before and
     after its gate/up rows are interleaved, the SwiGLU epilogue on (8 fused products) and off."""
     assert int(run_interpreted(_INTERLEAVED_MODEL, timeout=300)) == 8
+
+
+_NORM_AFTER = """
+import gemv_check
+print("RESULT", gemv_check.check_norm_after("cpu"))
+"""
+
+
+def test_product_with_the_norm_after_it_under_triton_interpreter():
+    """check_norm_after("cpu") of tests/gemv_check.py: a [40, 300] float32 product in tiles of
+    16 x 64, unsplit and split three ways, 2 and 4 rows, finishing the residual add + RMSNorm
+    in its own programs: the new residual bit-equal to add_rms_norm's after the plain product,
+    the normed rows within 1e-6, the arrival counters back to zero; 4 cases, and 5 rows
+    refused."""
+    assert int(run_interpreted(_NORM_AFTER, timeout=300)) == 4
