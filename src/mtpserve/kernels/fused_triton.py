@@ -21,9 +21,11 @@ from mtpserve.kernels.gemv_triton import SplitKPartials
 from mtpserve.kernels.pdl import pdl_wait
 
 # warps of a residual add + RMSNorm program (one row a program): in a verify forward of a few
-# rows this kernel sits between two products, so its latency is the step's
-# (benchmarks/gpu_decode.py --compare mtpserve.kernels.fused_triton:ADD_NORM_WARPS:8)
-ADD_NORM_WARPS = 4
+# rows this kernel sits between two products, so its latency is the step's. 8 against 4 on the
+# H200: the 1.7B 4-token forward 1.479 against 1.497 ms, the 135M's 0.700 against 0.701
+# (BENCHMARKS.md, session 26; benchmarks/gpu_decode.py --compare
+# mtpserve.kernels.fused_triton:ADD_NORM_WARPS:4)
+ADD_NORM_WARPS = 8
 
 
 @triton.jit

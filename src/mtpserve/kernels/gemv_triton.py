@@ -55,9 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpserve.kernels import arrival, gemv_norm_epilogue, pdl
+from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
-from mtpserve.kernels.gemv_norm_epilogue import norm_epilogue
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
@@ -102,12 +101,6 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
-# on: an o or down product of 2 to gemv_norm_epilogue.MAX_ROWS rows (a verify step of k <= 3
-# drafts at batch 1) is left to the norm after it (``pending_product``), which runs it with the
-# residual add + RMSNorm in its own programs (kernels/gemv_norm_epilogue.py) in place of
-# add_rms_norm's kernel (benchmarks/gpu_decode.py --compare
-# mtpserve.kernels.gemv_triton:NORM_EPILOGUE:False)
-NORM_EPILOGUE = True
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -214,25 +207,27 @@ def _pipelined_tile(n: int, k: int) -> dict:
 def swiglu_fits(weight: torch.Tensor) -> bool:
     """Whether ``gemv(x, weight, swiglu=True)`` applies and pays with :func:`tile_config`'s
     tiles: SWIGLU_EPILOGUE on, at least SWIGLU_MIN_K inputs (the 8B gate/up shape 24576 x 4096
-    has; the 1.7B one, 12288 x 2048, has not), an even number of rows [2I] and an unsplit
-    reduction at every row count (a narrow tensor-parallel shard over a long reduction may
-    split)."""
+    has; the 1.7B one, 12288 x 2048, has not) or a one-row product that is not streamed (the
+    135M's 3072 x 576: its down product could not take SiLU-and-mul in front, so a SiLU-and-mul
+    kernel ran at every row count), an even number of rows [2I] and an unsplit reduction at
+    every row count (a narrow tensor-parallel shard over a long reduction may split).
+    On the H200 the 135M's gate/up with the epilogue took its batch-1 step from 0.607 to 0.564
+    ms; the 1.7B's, streamed, 1.261 -> 1.256 ms at one row but its 4-row forward 0.04 ms slower
+    (BENCHMARKS.md, session 26)."""
     n, k = weight.shape
-    return (SWIGLU_EPILOGUE and k >= SWIGLU_MIN_K and n % 2 == 0
+    return (SWIGLU_EPILOGUE and (k >= SWIGLU_MIN_K or not stream_fits(1, n, k)) and n % 2 == 0
             and all(tile_config(n, k, rows)["split_k"] == 1 for rows in (1, MAX_ROWS)))
 
 
 # M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16
 # rows would otherwise compile each product three times at start-up
 @triton.jit(**unspecialized(ints=("M",)))
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, r_ptr, nw_ptr, ro_ptr, eps,
-                 M, N, sx, sw, sy,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, sy,
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PRELOAD: tl.constexpr, LATE: tl.constexpr, NORM_OUT: tl.constexpr,
-                 ROWS_OUT: tl.constexpr, N_PAD: tl.constexpr, PDL: tl.constexpr):
+                 PRELOAD: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -256,16 +251,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, r_ptr, nw_ptr,
             acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            if NORM_OUT:
-                norm_epilogue(acc, m, mmask, n, nmask, M, N, r_ptr, nw_ptr, y_ptr, ro_ptr,
-                              count_ptr, eps, ROWS_OUT, N_PAD)
-            else:
-                _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
+            _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
     elif SWIGLU:
         _store_swiglu(acc, y_ptr, m, mmask, pid_n, N, sy, ROWS, BLOCK_N)
-    elif NORM_OUT:
-        norm_epilogue(acc, m, mmask, n, nmask, M, N, r_ptr, nw_ptr, y_ptr, ro_ptr, count_ptr,
-                      eps, ROWS_OUT, N_PAD)
     else:
         _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS)
 
@@ -339,8 +327,8 @@ def _store(acc, b_ptr, y_ptr, m, n, nmask, out_mask, sy, HAS_BIAS: tl.constexpr)
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int = 256, num_warps: int = 4, stages: int = 4,
          split_k: int = 1, out_dtype: torch.dtype | None = None,
-         defer_sum: bool = False, swiglu: bool = False, preload: bool = False,
-         norm_after: "NormAfter | None" = None):
+         defer_sum: bool = False, swiglu: bool = False,
+         preload: bool = False) -> torch.Tensor | SplitKPartials:
     """``x [M, K] @ weight[N, K]^T (+ bias [N])`` for ``M <= MAX_ROWS``.
 
     ``x`` and ``weight`` share a float dtype (weight contiguous along K); returns [M, N] in
@@ -355,18 +343,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ``fused_triton.silu_and_mul(y, interleaved=True)`` (module doc). ``preload``: each
     program loads its whole tile of ``block_n`` rows by ``block_k`` inputs (a power of two; the
     reduction split ``split_k`` ways of at most ``block_k``) before its PDL wait and multiplies
-    it row by row (module doc). ``norm_after`` (a :class:`NormAfter`): the product's programs
-    add the residual and take the RMSNorm of the result (kernels/gemv_norm_epilogue.py);
-    returns ``(normed, residual + y)``, both [M, N] in x's dtype, as
-    ``fused_triton.add_rms_norm(y, residual, ...)`` does. Raises
+    it row by row (module doc). Raises
     ``ValueError`` for more than MAX_ROWS rows, a weight not contiguous along K, an ``x`` of
-    another width, ``swiglu`` with a bias, a split reduction or an odd N, a preloaded tile
-    shorter than its share of the reduction, or ``norm_after`` with a bias, ``swiglu``, another
-    output dtype or a residual of another shape or dtype.
+    another width, ``swiglu`` with a bias, a split reduction or an odd N, or a preloaded tile
+    shorter than its share of the reduction.
     """
     M = x.shape[0]
     N, K = weight.shape
-    stream = stream_config(M, N, K) if block_n is None and norm_after is None else None
+    stream = stream_config(M, N, K) if block_n is None else None
     if stream:
         _check(x, weight)
         return _streamed(x, weight, bias, stream, swiglu=swiglu, out_dtype=out_dtype)
@@ -387,7 +371,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv: the SwiGLU epilogue takes an unsplit product of an even number "
                          f"of rows without bias (split_k {split_k}, N {N}, bias "
                          f"{bias is not None})")
-    defer = defer_sum and DEFER_SUM and split_k > 1 and bias is None and norm_after is None
+    defer = defer_sum and DEFER_SUM and split_k > 1 and bias is None
     n_tiles = triton.cdiv(N, block_n)
     if split_k > 1 and n_tiles > arrival.NUM_COUNTERS:
         raise ValueError(f"gemv: {n_tiles} output tiles is more than split-K can count")
@@ -396,88 +380,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     count = arrival.counters(x.device) if split_k > 1 and not defer else weight
     y = part if defer else torch.empty(M, N // 2 if swiglu else N, dtype=out_dtype or x.dtype,
                                        device=x.device)
-    norm_args, norm_out = _norm_args(norm_after, x, M, N, n_tiles, weight, bias, swiglu,
-                                     out_dtype)
-    if norm_out:
-        y, count = norm_out[0], arrival.counters(x.device)
     _gemv_kernel[(n_tiles, split_k)](
-        x, weight, bias if bias is not None else weight, y, part, count, *norm_args, M, N,
-        x.stride(0), weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
+        x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
+        weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
-        LATE=x.is_cuda and weight.dtype == torch.bfloat16, NORM_OUT=bool(norm_out),
-        ROWS_OUT=gemv_norm_epilogue.MAX_ROWS, N_PAD=triton.next_power_of_2(N) if norm_out else 1,
-        **pdl.launch(x))
-    if norm_out:
-        return norm_out
+        LATE=x.is_cuda and weight.dtype == torch.bfloat16, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
-
-
-@dataclass
-class PendingProduct:
-    """``x @ weight^T`` of a few rows not launched yet, for the kernel after it to run with its
-    own work fused in (``RMSNorm.add_norm``: the residual add + norm, :class:`NormAfter`).
-    ``x`` [M, K], ``weight`` [N, K], both 16-bit on CUDA; made by :func:`pending_product`."""
-    x: torch.Tensor
-    weight: torch.Tensor
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.x.shape[0], self.weight.shape[0]))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.x.is_cuda
-
-    def run(self) -> torch.Tensor | SplitKPartials:
-        """The product as ``gemv(defer_sum=True)`` gives it."""
-        return gemv(self.x, self.weight, defer_sum=True)
-
-    def run_with_norm(self, residual: torch.Tensor, weight: torch.Tensor,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(rms_norm(residual + y), residual + y)`` from the product's own programs."""
-        return gemv(self.x, self.weight, norm_after=NormAfter(residual, weight, eps))
-
-
-def pending_product(x: torch.Tensor, weight: torch.Tensor) -> PendingProduct | None:
-    """``x @ weight^T`` left to the kernel after it (:class:`PendingProduct`) where the norm
-    epilogue applies: NORM_EPILOGUE on, :func:`use_gemv`, 2 to ``gemv_norm_epilogue.MAX_ROWS``
-    rows; else None."""
-    if NORM_EPILOGUE and use_gemv(x, weight) and 2 <= x.shape[0] <= gemv_norm_epilogue.MAX_ROWS:
-        return PendingProduct(x, weight)
-    return None
-
-
-@dataclass
-class NormAfter:
-    """A residual add + RMSNorm for a product's own programs to do after it (``gemv(...,
-    norm_after=...)``; kernels/gemv_norm_epilogue.py): ``residual`` [M, N] contiguous in the
-    product's dtype, the norm ``weight`` [N] (``w``, not ``w - 1``), ``eps``."""
-    residual: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-
-
-def _norm_args(norm: NormAfter | None, x: torch.Tensor, M: int, N: int, n_tiles: int,
-               weight: torch.Tensor, bias, swiglu: bool, out_dtype) -> tuple:
-    """The kernel's norm arguments (r, nw, ro, eps) and, with ``norm``, its outputs
-    ``(normed, new residual)`` [M, N] (else None); ``ValueError`` where ``norm`` cannot apply."""
-    if norm is None:
-        return (weight,) * 3 + (0.0,), None
-    r = norm.residual
-    if (bias is not None or swiglu or (out_dtype or x.dtype) != x.dtype or r.shape != (M, N)
-            or r.dtype != x.dtype or not r.is_contiguous() or norm.weight.shape != (N,)
-            or M > gemv_norm_epilogue.MAX_ROWS or n_tiles + 1 > arrival.NUM_COUNTERS):
-        raise ValueError(f"gemv: norm_after takes at most {gemv_norm_epilogue.MAX_ROWS} rows "
-                         f"of a product without bias or SwiGLU in x's dtype and a contiguous "
-                         f"residual [{M}, {N}] of that dtype")
-    out = (torch.empty(M, N, dtype=x.dtype, device=x.device), torch.empty_like(r))
-    return (r, norm.weight, out[1], norm.eps), out
 
 
 def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,

@@ -53,11 +53,9 @@ class LinearBase(nn.Module):
 
             return gemv_fused_input(x, self.weight, bias, silu_input=silu_input)
         if use_gemv(x, self.weight):   # CUDA decode / verify: a few rows, weight-bandwidth bound
-            from mtpserve.kernels.gemv_triton import gemv, pending_product
+            from mtpserve.kernels.gemv_triton import gemv
 
-            # a deferred product of a few rows: the norm after it runs it (layers/norm.py)
-            pending = pending_product(x, self.weight) if defer_sum else None
-            return pending or gemv(x, self.weight, bias, defer_sum=defer_sum)
+            return gemv(x, self.weight, bias, defer_sum=defer_sum)
         return cpu_linear.linear(x, self.weight, bias, self.packed)
 
 
@@ -140,9 +138,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor, defer_sum: bool = False, silu_input: bool = False):
         """``x`` [T, in/tp] -> [T, out] summed over the TP ranks (+ bias). ``defer_sum``: on one
         rank, without bias, a split-K skinny product may return its partials
-        (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does),
-        and a product of a few rows may return itself unlaunched
-        (``gemv_triton.PendingProduct``) for the norm after it to run with the norm fused.
+        (``gemv_triton.SplitKPartials``) for the next kernel to sum (``RMSNorm.add_norm`` does).
         ``silu_input`` (where ``gemv_triton.fused_input_fits``): ``x`` is [1, 2 in/tp] =
         [gate | up] and the product takes ``silu(gate) * up`` in its own programs."""
         if silu_input:

@@ -35,14 +35,7 @@ class RMSNorm(nn.Module):
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
         """``(norm(residual + x), residual + x)``; with no residual yet (a decoder's first layer,
         or a model without layers) ``(norm(x), x)``. ``x`` may be a split product's partials
-        (``gemv_triton.SplitKPartials``, CUDA): the fused kernel sums them; or a product not
-        launched yet (``gemv_triton.PendingProduct``): it runs with this norm in its own
-        programs where it can (a residual, not zero-centred), else alone first."""
-        if hasattr(x, "run_with_norm"):
-            if (residual is not None and not self.zero_centered and residual.is_contiguous()
-                    and residual.shape == x.shape):
-                return x.run_with_norm(residual, self.weight, self.eps)
-            x = x.run()
+        (``gemv_triton.SplitKPartials``, CUDA): the fused kernel sums them."""
         if hasattr(x, "total") and (residual is None or not use_triton(residual)):
             x = x.total()
         if residual is None:
@@ -60,8 +53,6 @@ class RMSNorm(nn.Module):
         residual add and the norm in its own programs (``gemv_triton.fused_input_fits``: one row
         on CUDA, a streamed product; not zero-centred), returns ``(NormInput, residual)``, the
         residual tensor written when the product runs; else ``add_norm(x, residual)``."""
-        if hasattr(x, "run_with_norm"):   # a pending product: the norm goes after it
-            return self.add_norm(x, residual)
         if (residual is not None and not self.zero_centered and isinstance(x, torch.Tensor)
                 and use_triton(x) and residual.shape == x.shape):
             from mtpserve.kernels.gemv_stream_triton import NormInput
