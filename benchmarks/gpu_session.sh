@@ -107,16 +107,6 @@ final)    # session 24's last check of the tree: the GPU tests but the real mode
   timeout 60 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -2
   ;;
-norms)    # session 26, run 5 (feb7aef): the norm after the 2-4 row products (NORM_EPILOGUE, since removed) against the norm kernel, its warps; the SwiGLU epilogue at 1.7B / 135M (SWIGLU_MIN_K 0); the forward traced
-  timeout 100 python3 -m pytest -q tests/test_gpu.py -k "norm_after or deferred_split_k" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
-  timeout 170 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" --compare recaptured \
-    mtpserve.kernels.gemv_triton:NORM_EPILOGUE:False mtpserve.kernels.gemv_triton:NORM_EPILOGUE:False+mtpserve.kernels.fused_triton:ADD_NORM_WARPS:8 \
-    recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
-  timeout 100 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --set mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 \
-    --json "$OUT/gpu_decode_swiglu.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_swiglu.log" | tail -3
-  mkdir -p "$OUT/trace"
-  timeout 45 python3 benchmarks/gpu_profile.py --shapes qwen3-1.7b --forward-trace --out "$OUT/trace" 2>&1 | grep -v "it/s" | tail -2
-  ;;
 s26final) # session 26's last call: the tree's SwiGLU epilogue at 135M and norm kernel of 8 warps, their GPU tests
   timeout 45 python3 -m pytest -q tests/test_gpu.py -k "swiglu_epilogue or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   timeout 130 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
