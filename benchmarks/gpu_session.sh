@@ -112,6 +112,15 @@ s26final) # session 26's last call: the tree's SwiGLU epilogue at 135M and norm 
   timeout 130 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.fused_triton:ADD_NORM_WARPS:4 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
+s27rows)  # session 27: the streamed product of 2-4 rows (kernels/gemv_rows_triton.py) alone at 4 rows against the tiles, then the 1.7B 4-token forward with it
+  G=mtpserve.kernels.gemv_triton
+  timeout 240 python3 benchmarks/gpu_gemv.py --rows 4 --shapes 1.7b 8b --grid none --json "$OUT/gemv4.json" \
+    --rows-stream 16,512,8,2,1 16,512,8,2,0 32,512,8,1,1 16,1024,8,1,1 8,512,8,3,1 16,512,4,2,1 16,512,4,3,1 \
+    32,256,8,2,1 8,1024,8,2,1 8,2048,8,1,1 2>&1 | tee "$OUT/gemv4.log" | tail -120
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/gpu_decode.json" \
+    --compare recaptured $G:ROWS_STREAM:True $G:ROWS_STREAM:True+$G:ROWS_BLOCK_N:8+$G:ROWS_PER_SM:3 \
+    $G:ROWS_STREAM:True+$G:ROWS_BLOCK_N:32+$G:ROWS_PER_SM:1 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

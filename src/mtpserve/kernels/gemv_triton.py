@@ -57,6 +57,7 @@ import triton.language as tl
 
 from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
+from mtpserve.kernels.gemv_rows_triton import gemv_rows
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
@@ -101,6 +102,15 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
+# on: products of 2 to 4 rows (a verify step at batch 1) without bias or SwiGLU epilogue go to
+# kernels/gemv_rows_triton.py, one wave of ROWS_PER_SM programs per SM streaming units of
+# ROWS_BLOCK_N x ROWS_BLOCK_K (where ROWS_BLOCK_K divides K and N <= STREAM_MAX_N); off, they
+# take the pipelined tiles
+ROWS_STREAM = False
+ROWS_BLOCK_N = 16
+ROWS_BLOCK_K = 512
+ROWS_WARPS = 8
+ROWS_PER_SM = 2
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -175,6 +185,17 @@ def stream_config(rows: int, n: int, k: int) -> dict | None:
         if k % block_k == 0:
             return dict(block_n=block_n, block_k=block_k, num_warps=warps, per_sm=per_sm)
     return None
+
+
+def rows_config(rows: int, n: int, k: int) -> dict | None:
+    """The streamed product of 2-4 rows' units for ``rows`` rows by an [n, k] weight, as
+    :func:`gemv_rows_triton.gemv_rows` keywords less ``programs`` plus ``per_sm``, or None where
+    it does not apply (ROWS_STREAM off, another row count, more than STREAM_MAX_N outputs, or
+    ROWS_BLOCK_K not dividing K)."""
+    if not ROWS_STREAM or not 2 <= rows <= 4 or n > STREAM_MAX_N or k % ROWS_BLOCK_K:
+        return None
+    return dict(block_n=ROWS_BLOCK_N, block_k=ROWS_BLOCK_K, num_warps=ROWS_WARPS,
+                per_sm=ROWS_PER_SM)
 
 
 def stream_fits(rows: int, n: int, k: int) -> bool:
@@ -354,6 +375,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if stream:
         _check(x, weight)
         return _streamed(x, weight, bias, stream, swiglu=swiglu, out_dtype=out_dtype)
+    rows = (rows_config(M, N, K) if block_n is None and bias is None and not swiglu
+            and out_dtype in (None, x.dtype) and x.is_cuda else None)
+    if rows:
+        _check(x, weight)
+        per_sm = rows.pop("per_sm")
+        return gemv_rows(x, weight, programs=per_sm * sm_count(x.device.index or 0),
+                         maxnreg=register_share(per_sm, rows["num_warps"]), **rows)
     if block_n is None:
         cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
