@@ -121,6 +121,15 @@ s27rows)  # session 27: the streamed product of 2-4 rows (kernels/gemv_rows_trit
     --compare recaptured $G:ROWS_STREAM:True $G:ROWS_STREAM:True+$G:ROWS_BLOCK_N:8+$G:ROWS_PER_SM:3 \
     $G:ROWS_STREAM:True+$G:ROWS_BLOCK_N:32+$G:ROWS_PER_SM:1 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   ;;
+s27rows2) # session 27: gemv_rows with its next unit and x chunk loaded before the unit is multiplied (s27rows's loop loaded it after)
+  G=mtpserve.kernels.gemv_triton
+  timeout 150 python3 benchmarks/gpu_gemv.py --rows 4 --shapes 1.7b --grid none --json "$OUT/gemv4.json" \
+    --rows-stream 16,512,8,2,1 16,512,4,2,1 16,512,4,3,1 32,256,8,2,1 16,1024,8,1,1 32,512,8,1,1 32,512,4,2,1 \
+    2>&1 | tee "$OUT/gemv4.log" | tail -60
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/gpu_decode.json" \
+    --compare recaptured $G:ROWS_STREAM:True $G:ROWS_STREAM:True+$G:ROWS_WARPS:4 recaptured 2>&1 \
+    | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -67,13 +67,12 @@ def _load_unit(w_ptr, sw, N, u, pid, G, r, kk, CHUNKS: tl.constexpr, BLOCK_N: tl
 @triton.jit
 def _x_row(x_ptr, sx, i: tl.constexpr, M, chunk, kk, WARPS: tl.constexpr,
            BLOCK_K: tl.constexpr):
-    """Chunk ``chunk`` of row ``i`` of x (zero past M) as float32 [REPS, 1, WARPS, 32, 8]: one
+    """Chunk ``chunk`` of row ``i`` of x (zero past M) in x's dtype [REPS, 1, WARPS, 32, 8]: one
     copy a warp, so that it takes the unit's layout (loaded as [REPS, 1, 1, 32, 8], Triton laid
     it out otherwise and converted every unit to it through shared memory)."""
     wi = tl.arange(0, WARPS)[None, None, :, None, None]
-    x = tl.load(x_ptr + i * sx + chunk * BLOCK_K + kk + wi * 0, mask=wi * 0 + i < M,
-                other=0.0)
-    return x.to(tl.float32)
+    return tl.load(x_ptr + i * sx + chunk * BLOCK_K + kk + wi * 0, mask=wi * 0 + i < M,
+                   other=0.0)
 
 
 @triton.jit
@@ -133,6 +132,46 @@ def _store_row(acc, y_ptr, sy, i: tl.constexpr, M, N, block, RPW: tl.constexpr,
 
 
 @triton.jit
+def _x_rows(x_ptr, sx, M, chunk, kk, WARPS: tl.constexpr, BLOCK_K: tl.constexpr,
+            ROWS: tl.constexpr):
+    """Chunk ``chunk`` of x's first ROWS rows (:func:`_x_row`; with ROWS 2 the last two are
+    the first two again, unused)."""
+    x0 = _x_row(x_ptr, sx, 0, M, chunk, kk, WARPS, BLOCK_K)
+    x1 = _x_row(x_ptr, sx, 1, M, chunk, kk, WARPS, BLOCK_K)
+    if ROWS > 2:
+        x2 = _x_row(x_ptr, sx, 2, M, chunk, kk, WARPS, BLOCK_K)
+        x3 = _x_row(x_ptr, sx, 3, M, chunk, kk, WARPS, BLOCK_K)
+    else:
+        x2 = x0
+        x3 = x1
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _unit_sums(w, x0, x1, x2, x3, a0, a1, a2, a3, ROWS: tl.constexpr, CHAIN: tl.constexpr,
+               LATE: tl.constexpr):
+    """Each row's per-lane sums ``a0..a3`` plus unit ``w`` times that row's chunk."""
+    wf = to_f32(w, LATE)
+    a0 = _lane_sums(wf, x0.to(tl.float32), a0, CHAIN)
+    a1 = _lane_sums(wf, x1.to(tl.float32), a1, CHAIN)
+    if ROWS > 2:
+        a2 = _lane_sums(wf, x2.to(tl.float32), a2, CHAIN)
+        a3 = _lane_sums(wf, x3.to(tl.float32), a3, CHAIN)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _store_rows(a0, a1, a2, a3, y_ptr, sy, M, N, block, RPW: tl.constexpr, WARPS: tl.constexpr,
+                ROWS: tl.constexpr):
+    """Row block ``block``'s outputs of every row (:func:`_store_row`)."""
+    _store_row(a0, y_ptr, sy, 0, M, N, block, RPW, WARPS)
+    _store_row(a1, y_ptr, sy, 1, M, N, block, RPW, WARPS)
+    if ROWS > 2:
+        _store_row(a2, y_ptr, sy, 2, M, N, block, RPW, WARPS)
+        _store_row(a3, y_ptr, sy, 3, M, N, block, RPW, WARPS)
+
+
+@triton.jit
 def _rows_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: tl.constexpr,
                  RPW: tl.constexpr, WARPS: tl.constexpr, BLOCK_K: tl.constexpr,
                  ROWS: tl.constexpr, CHAIN: tl.constexpr, LATE: tl.constexpr,
@@ -145,34 +184,30 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: tl.constexpr,
     r, kk = _unit_offsets(RPW, WARPS, BLOCK_K)
     w = _load_unit(w_ptr, sw, N, 0, pid, G, r, kk, CHUNKS, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)
+    x0, x1, x2, x3 = _x_rows(x_ptr, sx, M, 0, kk, WARPS, BLOCK_K, ROWS)
     a0 = tl.zeros([RPW, WARPS, 32], tl.float32)
     a1 = a0
     a2 = a0
     a3 = a0
-    for u in range(0, units):
-        if u + 1 < units:
-            w_next = _load_unit(w_ptr, sw, N, u + 1, pid, G, r, kk, CHUNKS, BLOCK_N, BLOCK_K)
+    for u in range(1, units):   # unit u loads while unit u - 1 is multiplied
+        w_next = _load_unit(w_ptr, sw, N, u, pid, G, r, kk, CHUNKS, BLOCK_N, BLOCK_K)
+        if CHUNKS > 1:
+            n0, n1, n2, n3 = _x_rows(x_ptr, sx, M, u % CHUNKS, kk, WARPS, BLOCK_K, ROWS)
         else:
-            w_next = w
-        chunk = u % CHUNKS
-        wf = to_f32(w, LATE)
-        a0 = _lane_sums(wf, _x_row(x_ptr, sx, 0, M, chunk, kk, WARPS, BLOCK_K), a0, CHAIN)
-        a1 = _lane_sums(wf, _x_row(x_ptr, sx, 1, M, chunk, kk, WARPS, BLOCK_K), a1, CHAIN)
-        if ROWS > 2:
-            a2 = _lane_sums(wf, _x_row(x_ptr, sx, 2, M, chunk, kk, WARPS, BLOCK_K), a2, CHAIN)
-            a3 = _lane_sums(wf, _x_row(x_ptr, sx, 3, M, chunk, kk, WARPS, BLOCK_K), a3, CHAIN)
-        if chunk == CHUNKS - 1:   # unit u ended its row block
-            block = pid + (u // CHUNKS) * G
-            _store_row(a0, y_ptr, sy, 0, M, N, block, RPW, WARPS)
-            _store_row(a1, y_ptr, sy, 1, M, N, block, RPW, WARPS)
-            if ROWS > 2:
-                _store_row(a2, y_ptr, sy, 2, M, N, block, RPW, WARPS)
-                _store_row(a3, y_ptr, sy, 3, M, N, block, RPW, WARPS)
+            n0, n1, n2, n3 = x0, x1, x2, x3
+        a0, a1, a2, a3 = _unit_sums(w, x0, x1, x2, x3, a0, a1, a2, a3, ROWS, CHAIN, LATE)
+        if u % CHUNKS == 0:   # unit u - 1 ended its row block
+            _store_rows(a0, a1, a2, a3, y_ptr, sy, M, N, pid + (u // CHUNKS - 1) * G, RPW,
+                        WARPS, ROWS)
             a0 = tl.zeros([RPW, WARPS, 32], tl.float32)
             a1 = a0
             a2 = a0
             a3 = a0
         w = w_next
+        x0, x1, x2, x3 = n0, n1, n2, n3
+    a0, a1, a2, a3 = _unit_sums(w, x0, x1, x2, x3, a0, a1, a2, a3, ROWS, CHAIN, LATE)
+    _store_rows(a0, a1, a2, a3, y_ptr, sy, M, N, pid + (units // CHUNKS - 1) * G, RPW, WARPS,
+                ROWS)
 
 
 def gemv_rows(x: torch.Tensor, weight: torch.Tensor, block_n: int = 32, block_k: int = 512,
