@@ -130,6 +130,12 @@ s27rows2) # session 27: gemv_rows with its next unit and x chunk loaded before t
     --compare recaptured $G:ROWS_STREAM:True $G:ROWS_STREAM:True+$G:ROWS_WARPS:4 recaptured 2>&1 \
     | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
   ;;
+s27pf)    # session 27: each pipelined tile program asks L2 for its own weight tile before its PDL wait (gemv_triton.TILE_PREFETCH_STEPS)
+  G=mtpserve.kernels.gemv_triton
+  timeout 400 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
+    --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:4 $G:TILE_PREFETCH_STEPS:64 recaptured 2>&1 \
+    | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -24
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

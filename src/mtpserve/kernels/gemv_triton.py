@@ -111,6 +111,11 @@ ROWS_BLOCK_N = 16
 ROWS_BLOCK_K = 512
 ROWS_WARPS = 8
 ROWS_PER_SM = 2
+# steps of BLOCK_K inputs of its own weight tile that each program of the pipelined tiles (2-16
+# rows, or one row where neither preloaded nor streamed) asks L2 for before its PDL wait
+# (``prefetch.global.L2`` per 128-byte line, no registers held): the weight streams in while the
+# kernel before it (a norm, SiLU-and-mul, q/k norm or attention merge) runs. 0: off
+TILE_PREFETCH_STEPS = 0
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -248,7 +253,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
                  STAGES: tl.constexpr, DEFER: tl.constexpr, SWIGLU: tl.constexpr,
-                 PRELOAD: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
+                 PRELOAD: tl.constexpr, LATE: tl.constexpr, PREFETCH: tl.constexpr,
+                 PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -259,6 +265,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
         acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
                               BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
+        if PREFETCH > 0:
+            _prefetch_tile(w_ptr, N, sw, n, k_start, K, K_SPLIT, BLOCK_K, PREFETCH)
         pdl_wait(PDL)
         acc = _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
                                   K_SPLIT, PRECISION, BLOCK_N, BLOCK_K, ROWS, STAGES)
@@ -296,6 +304,22 @@ def _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
                     mask=mmask[:, None] & kmask[None, :], other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=PRECISION)
     return acc
+
+
+@triton.jit
+def _prefetch_tile(w_ptr, N, sw, n, k_start, K, K_SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
+                   STEPS: tl.constexpr):
+    """Ask L2 for the first STEPS steps of this program's weight tile, rows ``n`` by inputs
+    [k_start, k_start + K_SPLIT): one ``prefetch.global.L2`` (sm_90 PTX: fire and forget) per
+    128-byte line of a 16-bit weight; rows past N and inputs past K are clamped to the last.
+    CUDA only (never under the CPU interpreter, which runs no asm)."""
+    LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
+    rows = tl.minimum(n, N - 1).to(tl.int64) * sw
+    for k0 in tl.static_range(0, min(K_SPLIT, STEPS * BLOCK_K), BLOCK_K):
+        k = tl.minimum(k_start + k0 + tl.arange(0, LINES) * 64, K - 1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                  [w_ptr + rows[:, None] + k[None, :]], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -414,7 +438,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
-        LATE=x.is_cuda and weight.dtype == torch.bfloat16, **pdl.launch(x))
+        LATE=x.is_cuda and weight.dtype == torch.bfloat16,
+        PREFETCH=TILE_PREFETCH_STEPS if x.is_cuda and not preload else 0, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
