@@ -136,6 +136,13 @@ s27pf)    # session 27: each pipelined tile program asks L2 for its own weight t
     --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:4 $G:TILE_PREFETCH_STEPS:64 recaptured 2>&1 \
     | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -24
   ;;
+s27pf2)   # session 27: the tile prefetch from the first wave of programs only (gemv_triton.TILE_PREFETCH_PROGRAMS)
+  G=mtpserve.kernels.gemv_triton
+  timeout 500 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
+    --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:4 $G:TILE_PREFETCH_STEPS:64 \
+    $G:TILE_PREFETCH_STEPS:64+$G:TILE_PREFETCH_PROGRAMS:264 $G:TILE_PREFETCH_STEPS:2+$G:TILE_PREFETCH_PROGRAMS:1000000 \
+    recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -30
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -116,6 +116,9 @@ ROWS_PER_SM = 2
 # (``prefetch.global.L2`` per 128-byte line, no registers held): the weight streams in while the
 # kernel before it (a norm, SiLU-and-mul, q/k norm or attention merge) runs. 0: off
 TILE_PREFETCH_STEPS = 0
+# ... only the first programs of the launch do (in launch order, split-K slices after the tiles):
+# those resident while the kernel before runs. None: one a SM
+TILE_PREFETCH_PROGRAMS = None
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -247,8 +250,9 @@ def swiglu_fits(weight: torch.Tensor) -> bool:
 
 # M is not specialized on (kernels/jit_options.py): decode and verify graphs of 1, 2-15 and 16
 # rows would otherwise compile each product three times at start-up
-@triton.jit(**unspecialized(ints=("M",)))
+@triton.jit(**unspecialized(ints=("M", "pf_programs")))
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, sy,
+                 pf_programs,
                  K: tl.constexpr, K_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
@@ -265,7 +269,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
         acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
                               BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
-        if PREFETCH > 0:
+        if PREFETCH > 0 and pid_n + pid_k * tl.num_programs(0) < pf_programs:
             _prefetch_tile(w_ptr, N, sw, n, k_start, K, K_SPLIT, BLOCK_K, PREFETCH)
         pdl_wait(PDL)
         acc = _pipelined_tile_dot(x_ptr, w_ptr, sx, sw, m, mmask, n, nmask, k_start, K,
@@ -434,13 +438,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                                        device=x.device)
     _gemv_kernel[(n_tiles, split_k)](
         x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
-        weight.stride(0), y.stride(0), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
+        weight.stride(0), y.stride(0), _prefetch_programs(x), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
         LATE=x.is_cuda and weight.dtype == torch.bfloat16,
         PREFETCH=TILE_PREFETCH_STEPS if x.is_cuda and not preload else 0, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
+
+
+def _prefetch_programs(x: torch.Tensor) -> int:
+    """How many leading programs of a pipelined launch prefetch (TILE_PREFETCH_PROGRAMS, by
+    default one a SM; 0 off CUDA)."""
+    if not x.is_cuda or not TILE_PREFETCH_STEPS:
+        return 0
+    if TILE_PREFETCH_PROGRAMS is None:
+        return sm_count(x.device.index or 0)
+    return TILE_PREFETCH_PROGRAMS
 
 
 def _streamed(x, weight: torch.Tensor, bias: torch.Tensor | None, stream: dict,
