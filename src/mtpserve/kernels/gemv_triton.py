@@ -119,6 +119,8 @@ TILE_PREFETCH_STEPS = 0
 # ... only the first programs of the launch do (in launch order, split-K slices after the tiles):
 # those resident while the kernel before runs. None: one a SM
 TILE_PREFETCH_PROGRAMS = None
+# ... only for weights of at most this many bytes (None: any)
+TILE_PREFETCH_MAX_BYTES = None
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -438,19 +440,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                                        device=x.device)
     _gemv_kernel[(n_tiles, split_k)](
         x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
-        weight.stride(0), y.stride(0), _prefetch_programs(x), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
+        weight.stride(0), y.stride(0), _prefetch_programs(x, weight), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
         LATE=x.is_cuda and weight.dtype == torch.bfloat16,
-        PREFETCH=TILE_PREFETCH_STEPS if x.is_cuda and not preload else 0, **pdl.launch(x))
+        PREFETCH=0 if preload or not _prefetch_programs(x, weight) else TILE_PREFETCH_STEPS,
+        **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
-def _prefetch_programs(x: torch.Tensor) -> int:
-    """How many leading programs of a pipelined launch prefetch (TILE_PREFETCH_PROGRAMS, by
-    default one a SM; 0 off CUDA)."""
-    if not x.is_cuda or not TILE_PREFETCH_STEPS:
+def _prefetch_programs(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """How many leading programs of a pipelined launch over ``weight`` prefetch their tiles
+    (TILE_PREFETCH_PROGRAMS, by default one a SM; 0 off CUDA, with TILE_PREFETCH_STEPS 0, or
+    for a weight of more than TILE_PREFETCH_MAX_BYTES)."""
+    if (not x.is_cuda or not TILE_PREFETCH_STEPS
+            or (TILE_PREFETCH_MAX_BYTES is not None
+                and weight.numel() * weight.element_size() > TILE_PREFETCH_MAX_BYTES)):
         return 0
     if TILE_PREFETCH_PROGRAMS is None:
         return sm_count(x.device.index or 0)
