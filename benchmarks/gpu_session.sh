@@ -146,7 +146,7 @@ s27pf2)   # session 27: the tile prefetch from the first wave of programs only (
 s27pf3)   # session 27: the tile prefetch for small weights only (gemv_triton.TILE_PREFETCH_MAX_BYTES: 4 MB takes the 135M's products, not its LM head; 9 MB also the 1.7B o)
   G=mtpserve.kernels.gemv_triton
   timeout 400 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
-    --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:2+$G:TILE_PREFETCH_MAX_BYTES:4194304 \
+    --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:1 $G:TILE_PREFETCH_STEPS:2+$G:TILE_PREFETCH_MAX_BYTES:4194304 \
     $G:TILE_PREFETCH_STEPS:64+$G:TILE_PREFETCH_MAX_BYTES:4194304 $G:TILE_PREFETCH_STEPS:1+$G:TILE_PREFETCH_MAX_BYTES:4194304 \
     $G:TILE_PREFETCH_STEPS:2+$G:TILE_PREFETCH_MAX_BYTES:9437184 $G:TILE_PREFETCH_STEPS:64+$G:TILE_PREFETCH_MAX_BYTES:9437184 \
     recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -22
