@@ -20,7 +20,6 @@ import json
 
 import torch
 
-from mtpserve.kernels.gemv_rows_triton import gemv_rows
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count
 from mtpserve.kernels.gemv_triton import gemv, register_share, tile_config
 
@@ -71,13 +70,11 @@ def _too_split(k: int, block_k: int, split: int) -> bool:
     return split > 1 and k // split < block_k
 
 
-def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=(), row_streams=()) -> dict:
+def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=()) -> dict:
     """cuBLAS, the default tile and the best grid configuration for rows m of an [n, k] weight
     (``streams``: also these (block_n, block_k, warps, programs per SM) of the streamed one-row
     product, kernels/gemv_stream_triton.py, at one row, each program held to its share of the
-    SM's registers as gemv_triton streams them; ``row_streams``: these (block_n, block_k,
-    warps, programs per SM, chain) of the streamed product of 2-4 rows,
-    kernels/gemv_rows_triton.py, at 2-4 rows). ``tiles_us``: the default tiles
+    SM's registers as gemv_triton streams them). ``tiles_us``: the default tiles
     (``tile_config``), also where ``gemv`` streams by default."""
     copies = max(1, -(-COLD_BYTES // (n * k * 2)))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
@@ -121,18 +118,6 @@ def sweep(m: int, n: int, k: int, configs=CONFIGS, streams=(), row_streams=()) -
             res["all"].append(["stream", bn, bk, warps, per_sm, round(t, 3)])
             if best is None or t < best[0]:
                 best = (t, dict(kw, stream=True))
-    for bn, bk, warps, per_sm, chain in (row_streams if 2 <= m <= 4 else ()):
-        if k % bk or n // bn < 1:
-            continue
-        kw = dict(block_n=bn, block_k=bk, num_warps=warps, programs=per_sm * sm_count(0),
-                  maxnreg=register_share(per_sm, warps), chain=bool(chain))
-        out = gemv_rows(x, ws[0], **kw)
-        err = ((out.float() - ref).norm() / ref.norm()).item()
-        assert err < 1e-2, (kw, err)
-        t = graph_time(lambda i: gemv_rows(x, ws[i % copies], **kw))
-        res["all"].append(["rows", bn, bk, warps, per_sm, chain, round(t, 3)])
-        if best is None or t < best[0]:
-            best = (t, dict(kw, rows=True))
     res["best_us"], res["best"] = best or (float("nan"), None)
     return res
 
@@ -175,9 +160,6 @@ def main() -> None:
     ap.add_argument("--stream", nargs="+", default=[], metavar="BN,BK,WARPS,PER_SM",
                     help="also the streamed one-row product (gemv_stream) with these units, "
                          "warps and programs per SM")
-    ap.add_argument("--rows-stream", nargs="+", default=[], metavar="BN,BK,WARPS,PER_SM,CHAIN",
-                    help="also the streamed product of 2-4 rows (gemv_rows) with these units, "
-                         "warps, programs per SM and multiply-add chains (1) or sum trees (0)")
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCS",
                     help="compile all configurations in this many processes first")
     ap.add_argument("--json")
@@ -191,8 +173,7 @@ def main() -> None:
         precompile([(m, n, k, c) for m, n, k in picked for c in grid], a.precompile)
     results = []
     for m, n, k in picked:
-        r = sweep(m, n, k, grid, [tuple(map(int, spec.split(","))) for spec in a.stream],
-                  [tuple(map(int, spec.split(","))) for spec in a.rows_stream])
+        r = sweep(m, n, k, grid, [tuple(map(int, spec.split(","))) for spec in a.stream])
         results.append(r)
         if a.json:   # after each shape, so a run cut short keeps what it measured
             with open(a.json, "w") as f:

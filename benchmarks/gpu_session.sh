@@ -112,37 +112,6 @@ s26final) # session 26's last call: the tree's SwiGLU epilogue at 135M and norm 
   timeout 130 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.fused_triton:ADD_NORM_WARPS:4 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
-s27rows)  # session 27: the streamed product of 2-4 rows (kernels/gemv_rows_triton.py) alone at 4 rows against the tiles, then the 1.7B 4-token forward with it
-  G=mtpserve.kernels.gemv_triton
-  timeout 240 python3 benchmarks/gpu_gemv.py --rows 4 --shapes 1.7b 8b --grid none --json "$OUT/gemv4.json" \
-    --rows-stream 16,512,8,2,1 16,512,8,2,0 32,512,8,1,1 16,1024,8,1,1 8,512,8,3,1 16,512,4,2,1 16,512,4,3,1 \
-    32,256,8,2,1 8,1024,8,2,1 8,2048,8,1,1 2>&1 | tee "$OUT/gemv4.log" | tail -120
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/gpu_decode.json" \
-    --compare recaptured $G:ROWS_STREAM:True $G:ROWS_STREAM:True+$G:ROWS_BLOCK_N:8+$G:ROWS_PER_SM:3 \
-    $G:ROWS_STREAM:True+$G:ROWS_BLOCK_N:32+$G:ROWS_PER_SM:1 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
-  ;;
-s27rows2) # session 27: gemv_rows with its next unit and x chunk loaded before the unit is multiplied (s27rows's loop loaded it after)
-  G=mtpserve.kernels.gemv_triton
-  timeout 150 python3 benchmarks/gpu_gemv.py --rows 4 --shapes 1.7b --grid none --json "$OUT/gemv4.json" \
-    --rows-stream 16,512,8,2,1 16,512,4,2,1 16,512,4,3,1 32,256,8,2,1 16,1024,8,1,1 32,512,8,1,1 32,512,4,2,1 \
-    2>&1 | tee "$OUT/gemv4.log" | tail -60
-  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --json "$OUT/gpu_decode.json" \
-    --compare recaptured $G:ROWS_STREAM:True $G:ROWS_STREAM:True+$G:ROWS_WARPS:4 recaptured 2>&1 \
-    | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
-  ;;
-s27pf)    # session 27: each pipelined tile program asks L2 for its own weight tile before its PDL wait (gemv_triton.TILE_PREFETCH_STEPS)
-  G=mtpserve.kernels.gemv_triton
-  timeout 400 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
-    --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:4 $G:TILE_PREFETCH_STEPS:64 recaptured 2>&1 \
-    | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -24
-  ;;
-s27pf2)   # session 27: the tile prefetch from the first wave of programs only (gemv_triton.TILE_PREFETCH_PROGRAMS)
-  G=mtpserve.kernels.gemv_triton
-  timeout 500 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
-    --compare recaptured $G:TILE_PREFETCH_STEPS:2 $G:TILE_PREFETCH_STEPS:4 $G:TILE_PREFETCH_STEPS:64 \
-    $G:TILE_PREFETCH_STEPS:64+$G:TILE_PREFETCH_PROGRAMS:264 $G:TILE_PREFETCH_STEPS:2+$G:TILE_PREFETCH_PROGRAMS:1000000 \
-    recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -30
-  ;;
 s27pf3)   # session 27: the tile prefetch for small weights only (gemv_triton.TILE_PREFETCH_MAX_BYTES: 4 MB takes the 135M's products, not its LM head; 9 MB also the 1.7B o)
   G=mtpserve.kernels.gemv_triton
   timeout 400 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
@@ -150,6 +119,15 @@ s27pf3)   # session 27: the tile prefetch for small weights only (gemv_triton.TI
     $G:TILE_PREFETCH_STEPS:64+$G:TILE_PREFETCH_MAX_BYTES:4194304 $G:TILE_PREFETCH_STEPS:1+$G:TILE_PREFETCH_MAX_BYTES:4194304 \
     $G:TILE_PREFETCH_STEPS:2+$G:TILE_PREFETCH_MAX_BYTES:9437184 $G:TILE_PREFETCH_STEPS:64+$G:TILE_PREFETCH_MAX_BYTES:9437184 \
     recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -22
+  ;;
+s27final) # session 27: the tree with the tile prefetch on: the product GPU tests, the 135M forward trace (where its 4-token forward's extra time goes), the three dense shapes with it on and off
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "tile_prefetch or gemv or split_k or swiglu or interleaved or preloaded or streamed" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -4
+  mkdir -p /tmp/res
+  timeout 120 python3 benchmarks/gpu_profile.py --shapes smollm2-135m --forward-trace --out /tmp/res 2>&1 | grep -v "it/s" | tail -4
+  tar czf "$OUT/res.tgz" -C /tmp res
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
+    --compare mtpserve.kernels.gemv_triton:TILE_PREFETCH_STEPS:0 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx

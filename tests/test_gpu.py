@@ -692,6 +692,59 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     assert deferred[1] == summed[1]
 
 
+def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
+    """gemv_triton.TILE_PREFETCH_STEPS (the tiles asking L2 for their weight before the PDL
+    wait): products of 1, 4 and 16 rows at four weight shapes (two split four ways) bit-equal
+    with every step of every program prefetched and with none, the launches with it on built
+    with PREFETCH; then a tiny Llama's prompt logits (eager) bit-equal and greedy tokens (CUDA
+    graphs) equal with the default prefetch and without."""
+    import sys
+    sys.path.insert(0, "tests")
+    from harness import logits_of_prompt, tiny_hf_model
+    from hybrid_checkpoint import write_checkpoint
+
+    from mtpserve import LLM
+    from mtpserve.kernels import gemv_triton
+
+    torch.manual_seed(0)
+    prefetch, real = [], gemv_triton._gemv_kernel
+
+    class Spy:   # records each launch's PREFETCH
+        def __getitem__(self, grid):
+            return lambda *a, **kw: prefetch.append(kw["PREFETCH"]) or real[grid](*a, **kw)
+
+    monkeypatch.setattr(gemv_triton, "_gemv_kernel", Spy())
+    for n, k in ((960, 576), (3072, 576), (2048, 2048), (576, 1536)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+        for rows in (1, 4, 16):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            monkeypatch.setattr(gemv_triton, "TILE_PREFETCH_STEPS", 0)
+            off = gemv_triton.gemv(x, w)
+            monkeypatch.setattr(gemv_triton, "TILE_PREFETCH_STEPS", 64)
+            monkeypatch.setattr(gemv_triton, "TILE_PREFETCH_PROGRAMS", 10 ** 6)
+            before = len(prefetch)
+            on = gemv_triton.gemv(x, w)
+            assert torch.equal(on, off), (n, k, rows)
+            if rows > 1:
+                assert prefetch[before:] == [64], (n, k, rows)
+    monkeypatch.undo()
+
+    hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=2048)
+    llm = LLM(str(write_checkpoint(tmp_path / "tiny", hf)), dtype="bfloat16", max_model_len=256,
+              gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
+    assert gemv_triton.TILE_PREFETCH_STEPS > 0
+
+    def outputs(steps: int):
+        with _switched(llm, gemv_triton, "TILE_PREFETCH_STEPS", steps):
+            return logits_of_prompt(llm.engine, prompts[0]), _greedy(llm, prompts, 24)
+
+    on, off = outputs(gemv_triton.TILE_PREFETCH_STEPS), outputs(0)
+    assert torch.equal(on[0], off[0])
+    assert on[1] == off[1]
+
+
 @contextlib.contextmanager
 def _switched(llm, module, attr: str, value):
     """``module.attr = value`` with ``llm``'s CUDA graphs recaptured for it; on leaving, the old

@@ -34,6 +34,12 @@ at 4 rows the 135M's verify forward took 0.822 ms against 0.718 pipelined), so t
 pipelined loop, and a product's bits differ between one row and several, as they already
 differ between the skinny product and cuBLAS past 16.
 
+L2 prefetch of the tiles (``TILE_PREFETCH_STEPS``): a pipelined tile does nothing before its PDL
+wait, so the first programs of a launch (one a SM) ask L2 for the first steps of their own
+weight tile before it, with one ``prefetch.global.L2`` per 128-byte line (no registers held, the
+arithmetic unchanged), for weights of at most ``TILE_PREFETCH_MAX_BYTES``. On the H200 it took
+the 135M's 4-token verify forward from 0.673 to 0.616 ms (BENCHMARKS.md, session 27).
+
 Streamed one-row products (``STREAM``, kernels/gemv_stream_triton.py): at one row a product
 that preloaded tiles do not cover (more than one wave) runs as one wave of programs that each
 load their first unit before the PDL wait and stream the rest through a register double buffer,
@@ -57,7 +63,6 @@ import triton.language as tl
 
 from mtpserve.kernels import arrival, pdl
 from mtpserve.kernels.arrival import arrive_last
-from mtpserve.kernels.gemv_rows_triton import gemv_rows
 from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
@@ -102,25 +107,21 @@ PRELOAD_BLOCK_N = 16
 STREAM = True
 STREAM_UNITS = ((4096, 8, 8, 2), (2048, 8, 8, 3))
 STREAM_MAX_N = 65535
-# on: products of 2 to 4 rows (a verify step at batch 1) without bias or SwiGLU epilogue go to
-# kernels/gemv_rows_triton.py, one wave of ROWS_PER_SM programs per SM streaming units of
-# ROWS_BLOCK_N x ROWS_BLOCK_K (where ROWS_BLOCK_K divides K and N <= STREAM_MAX_N); off, they
-# take the pipelined tiles
-ROWS_STREAM = False
-ROWS_BLOCK_N = 16
-ROWS_BLOCK_K = 512
-ROWS_WARPS = 8
-ROWS_PER_SM = 2
 # steps of BLOCK_K inputs of its own weight tile that each program of the pipelined tiles (2-16
 # rows, or one row where neither preloaded nor streamed) asks L2 for before its PDL wait
 # (``prefetch.global.L2`` per 128-byte line, no registers held): the weight streams in while the
-# kernel before it (a norm, SiLU-and-mul, q/k norm or attention merge) runs. 0: off
-TILE_PREFETCH_STEPS = 0
+# kernel before it (a norm, SiLU-and-mul, q/k norm or attention merge) runs. 0: off. On the H200
+# (BENCHMARKS.md, session 27) 2 steps took the 135M's 4-token forward from 0.673 to 0.616 ms and
+# its one-token forward from 0.528 to 0.521 (its gate/up tiles); more steps, or weights past
+# ~9 MB, lost (1.7B 4-token forward 1.497 -> 1.594 ms with every step of every weight, 8B 4.341
+# -> 4.409 with 2 steps)
+TILE_PREFETCH_STEPS = 2
 # ... only the first programs of the launch do (in launch order, split-K slices after the tiles):
 # those resident while the kernel before runs. None: one a SM
 TILE_PREFETCH_PROGRAMS = None
-# ... only for weights of at most this many bytes (None: any)
-TILE_PREFETCH_MAX_BYTES = None
+# ... only for weights of at most this many bytes (None: any): the 135M's products and the 1.7B
+# o product (4-token forward 1.487 against 1.497 ms), not an LM head nor an 8B weight
+TILE_PREFETCH_MAX_BYTES = 9 << 20
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -195,17 +196,6 @@ def stream_config(rows: int, n: int, k: int) -> dict | None:
         if k % block_k == 0:
             return dict(block_n=block_n, block_k=block_k, num_warps=warps, per_sm=per_sm)
     return None
-
-
-def rows_config(rows: int, n: int, k: int) -> dict | None:
-    """The streamed product of 2-4 rows' units for ``rows`` rows by an [n, k] weight, as
-    :func:`gemv_rows_triton.gemv_rows` keywords less ``programs`` plus ``per_sm``, or None where
-    it does not apply (ROWS_STREAM off, another row count, more than STREAM_MAX_N outputs, or
-    ROWS_BLOCK_K not dividing K)."""
-    if not ROWS_STREAM or not 2 <= rows <= 4 or n > STREAM_MAX_N or k % ROWS_BLOCK_K:
-        return None
-    return dict(block_n=ROWS_BLOCK_N, block_k=ROWS_BLOCK_K, num_warps=ROWS_WARPS,
-                per_sm=ROWS_PER_SM)
 
 
 def stream_fits(rows: int, n: int, k: int) -> bool:
@@ -405,13 +395,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if stream:
         _check(x, weight)
         return _streamed(x, weight, bias, stream, swiglu=swiglu, out_dtype=out_dtype)
-    rows = (rows_config(M, N, K) if block_n is None and bias is None and not swiglu
-            and out_dtype in (None, x.dtype) and x.is_cuda else None)
-    if rows:
-        _check(x, weight)
-        per_sm = rows.pop("per_sm")
-        return gemv_rows(x, weight, programs=per_sm * sm_count(x.device.index or 0),
-                         maxnreg=register_share(per_sm, rows["num_warps"]), **rows)
     if block_n is None:
         cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
