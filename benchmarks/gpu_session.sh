@@ -129,13 +129,6 @@ s27final) # session 27: the tree with the tile prefetch on: the product GPU test
   timeout 200 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.gemv_triton:TILE_PREFETCH_STEPS:0 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   ;;
-s27split) # session 27: split-K for the 135M's small tiles (gemv_triton.SMALL_SPLIT_K; its 4-row down product was 3.18 us against 1.63 preloaded at one row, 36 tiles)
-  G=mtpserve.kernels.gemv_triton
-  timeout 300 python3 benchmarks/gpu_decode.py --shapes smollm2-135m --json "$OUT/gpu_decode.json" \
-    --compare recaptured $G:SMALL_SPLIT_K:2 $G:SMALL_SPLIT_K:3 $G:SMALL_SPLIT_K:4 recaptured 2>&1 \
-    | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
-  timeout 100 python3 benchmarks/gpu_gemv.py --rows 4 16 --shapes 135m --only 960x576 576x576 576x1536 --json "$OUT/gemv.json" 2>&1 | tail -8
-  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -87,9 +87,6 @@ SWIGLU_EPILOGUE = True
 # 20, runs 3 and 5): there the down product costs 4.1 us more after a product than after the
 # one-program SiLU-and-mul kernel (its programs launched early under PDL; session 21, run 4)
 SWIGLU_MIN_K = 4096
-# split-K factor of the pipelined tiles of a small weight (fewer than 3072 outputs, fewer than
-# 2048 inputs: the 135M's q/k/v, o and down products, 36-60 tiles of 16 outputs)
-SMALL_SPLIT_K = 1
 # on: products of few rows whose tiles fit one wave take preloaded tiles (module doc); off, they
 # take the pipelined loop, or at one row the streamed product where STREAM applies
 # (benchmarks/gpu_decode.py --compare no_preload)
@@ -185,7 +182,7 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
             and -(-n // PRELOAD_BLOCK_N) <= PRELOAD_MAX_TILES):
         return dict(block_n=PRELOAD_BLOCK_N, block_k=triton.next_power_of_2(k), num_warps=8,
                     stages=1, split_k=1, preload=True)
-    return _pipelined_tile(n, k, SMALL_SPLIT_K)
+    return _pipelined_tile(n, k)
 
 
 def stream_config(rows: int, n: int, k: int) -> dict | None:
@@ -207,8 +204,8 @@ def stream_fits(rows: int, n: int, k: int) -> bool:
 
 
 @functools.cache
-def _pipelined_tile(n: int, k: int, small_split: int = 1) -> dict:
-    """:func:`tile_config` for the pipelined loop (``small_split``: SMALL_SPLIT_K)."""
+def _pipelined_tile(n: int, k: int) -> dict:
+    """:func:`tile_config` for the pipelined loop."""
     split = 1
     if n >= 65536:
         block_n, block_k = 64, 128
@@ -223,7 +220,7 @@ def _pipelined_tile(n: int, k: int, small_split: int = 1) -> dict:
     elif k >= 2048:
         block_n, block_k, split = 32, 128, 4
     else:
-        block_n, block_k, split = 16, 128 if k <= 576 else 256, small_split
+        block_n, block_k = 16, 128 if k <= 576 else 256
     return dict(block_n=block_n, block_k=block_k, num_warps=4, stages=4, split_k=split,
                 preload=False)
 
