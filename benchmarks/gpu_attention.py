@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from unittest import mock
 
 import torch
 
@@ -67,19 +68,15 @@ def case(shape: str, batch: int, context: int, copies: int):
 def run_variant(switches: dict, q, caches, tables, rows, lens, part):
     """(microseconds per call, output of the first copy) with ``switches`` set on the module
     (restored after)."""
-    old = {k: getattr(pa, k) for k in switches}
-    for k, v in switches.items():
-        setattr(pa, k, v)
     d = q.shape[-1]
-    try:
-        def call(i):
-            k, v = caches[i % len(caches)]
-            return pa.paged_attention_triton(q, k, v, tables, rows, lens, d ** -0.5, BLOCK, part)
+
+    def call(i):
+        k, v = caches[i % len(caches)]
+        return pa.paged_attention_triton(q, k, v, tables, rows, lens, d ** -0.5, BLOCK, part)
+
+    with mock.patch.multiple(pa, **switches):
         out = call(0)
         us = graph_time(call, reps=max(20, len(caches)))
-    finally:
-        for k, v in old.items():
-            setattr(pa, k, v)
     return us, out
 
 

@@ -16,12 +16,14 @@ token ids (``--speculative-token-map``, spec/draft_head.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -154,18 +156,16 @@ def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) ->
     """Batch-1 decode and forward times and batch-16 and 64 tokens/s with each (module, attr, value)
     of ``settings`` set (graphs recaptured, then the settings and the graphs restored). Keys of
     the result start with ``label``."""
-    old = [(module, attr, getattr(module, attr)) for module, attr, _ in settings]
-    for module, attr, value in settings:
-        setattr(module, attr, value)
     try:
-        eng.runner.capture_cuda_graphs()
-        step1, _ = decode_run(eng, 1, 128)
-        fwd = forward_times(eng)
-        _, tps16 = decode_run(eng, 16, 64)
-        _, tps64 = decode_run(eng, 64, 64)
-    finally:
-        for module, attr, value in old:
-            setattr(module, attr, value)
+        with contextlib.ExitStack() as stack:
+            for module, attr, value in settings:
+                stack.enter_context(mock.patch.object(module, attr, value))
+            eng.runner.capture_cuda_graphs()
+            step1, _ = decode_run(eng, 1, 128)
+            fwd = forward_times(eng)
+            _, tps16 = decode_run(eng, 16, 64)
+            _, tps64 = decode_run(eng, 64, 64)
+    finally:   # the graphs for the settings restored
         eng.runner.capture_cuda_graphs()
     fwd4 = fwd.get(4, float("nan"))
     print(f"{shape:16} {label}: fwd1 {fwd[1] * 1e3:.3f} ms, fwd4 {fwd4 * 1e3:.3f} ms, b1 "

@@ -11,6 +11,8 @@ Raises AssertionError on a mismatch; each check returns what it measured or coun
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 
 
@@ -408,17 +410,13 @@ def _check_stream_shape(device: str, n: int, k: int, bn: int, bk: int, warps: in
     plain = gemv_stream(x, w, programs=programs, **kw)
     assert n % 2 or torch.equal(gemv_stream(x, w, programs=programs, swiglu=True, **kw),
                        silu_and_mul(plain, interleaved=True)), (n, k)
-    saved = {a: getattr(gemv_triton, a) for a in ("STREAM", "STREAM_UNITS", "PRELOAD")}
-    try:   # preloaded tiles off, so that these small shapes stream too
-        gemv_triton.STREAM, gemv_triton.PRELOAD = True, False
-        gemv_triton.STREAM_UNITS = ((bk, bn, warps, 1),)
+    # preloaded tiles off, so that these small shapes stream too
+    with mock.patch.multiple(gemv_triton, STREAM=True, PRELOAD=False,
+                             STREAM_UNITS=((bk, bn, warps, 1),)):
         assert gemv_triton.stream_fits(1, n, k) and not gemv_triton.stream_fits(2, n, k)
         assert torch.equal(gemv_triton.gemv(x, w), gemv_stream(x, w, **kw)), (n, k)
         assert gemv_triton.gemv(x.expand(2, k), w).shape == (2, n)   # tiles, not streamed
         cases.append((n, k))
-    finally:
-        for a, v in saved.items():
-            setattr(gemv_triton, a, v)
     return worst
 
 

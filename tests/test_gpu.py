@@ -4,6 +4,7 @@ against eager, greedy equality with speculation in bfloat16, hybrid models on th
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 import pytest
 import torch
@@ -749,13 +750,11 @@ def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
 def _switched(llm, module, attr: str, value):
     """``module.attr = value`` with ``llm``'s CUDA graphs recaptured for it; on leaving, the old
     value and graphs for it back."""
-    old = getattr(module, attr)
-    setattr(module, attr, value)
     try:
-        llm.engine.runner.capture_cuda_graphs()
-        yield
+        with mock.patch.object(module, attr, value):
+            llm.engine.runner.capture_cuda_graphs()
+            yield
     finally:
-        setattr(module, attr, old)
         llm.engine.runner.capture_cuda_graphs()
 
 
