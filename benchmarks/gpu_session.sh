@@ -129,6 +129,13 @@ s27final) # session 27: the tree with the tile prefetch on: the product GPU test
   timeout 200 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.gemv_triton:TILE_PREFETCH_STEPS:0 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   ;;
+s27hybrid) # session 27: where the hybrid's 4-token target forward (1.747 against 1.173 ms in session 26) and its MTP step go: forward trace, then step traces plain and with MTP
+  mkdir -p /tmp/res
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --forward-trace --out /tmp/res 2>&1 | grep -v "it/s" | tail -3
+  tar czf "$OUT/res.tgz" -C /tmp res
+  timeout 110 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --out /tmp/res 2>&1 | grep -v "it/s" | tail -3
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
