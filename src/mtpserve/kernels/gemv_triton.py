@@ -113,7 +113,7 @@ STREAM_MAX_N = 65535
 # kernel before it (a norm, SiLU-and-mul, q/k norm or attention merge) runs. 0: off. On the H200
 # (BENCHMARKS.md, session 27) 2 steps took the 135M's 4-token forward from 0.673 to 0.616 ms and
 # its one-token forward from 0.528 to 0.521 (its gate/up tiles); more steps, or weights past
-# ~9 MB, lost (1.7B 4-token forward 1.497 -> 1.594 ms with every step of every weight, 8B 4.341
+# ~9 MB, lost (1.7B 4-token forward 1.489 -> 1.594 ms with every step of every weight, 8B 4.341
 # -> 4.409 with 2 steps)
 TILE_PREFETCH_STEPS = 2
 # ... only the first programs of the launch do (in launch order, split-K slices after the tiles):
@@ -421,15 +421,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     count = arrival.counters(x.device) if split_k > 1 and not defer else weight
     y = part if defer else torch.empty(M, N // 2 if swiglu else N, dtype=out_dtype or x.dtype,
                                        device=x.device)
+    pf_programs = 0 if preload else _prefetch_programs(x, weight)
     _gemv_kernel[(n_tiles, split_k)](
         x, weight, bias if bias is not None else weight, y, part, count, M, N, x.stride(0),
-        weight.stride(0), y.stride(0), _prefetch_programs(x, weight), K=K, K_SPLIT=k_split, SPLIT_K=split_k,
+        weight.stride(0), y.stride(0), pf_programs, K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
         DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
         LATE=x.is_cuda and weight.dtype == torch.bfloat16,
-        PREFETCH=0 if preload or not _prefetch_programs(x, weight) else TILE_PREFETCH_STEPS,
-        **pdl.launch(x))
+        PREFETCH=TILE_PREFETCH_STEPS if pf_programs else 0, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
 
 
