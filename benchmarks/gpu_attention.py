@@ -16,6 +16,7 @@ same NUM_WARPS); ``--json`` also records the K/V read rate (GB/s).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from unittest import mock
 
@@ -74,7 +75,9 @@ def run_variant(switches: dict, q, caches, tables, rows, lens, part):
         k, v = caches[i % len(caches)]
         return pa.paged_attention_triton(q, k, v, tables, rows, lens, d ** -0.5, BLOCK, part)
 
-    with mock.patch.multiple(pa, **switches):
+    with contextlib.ExitStack() as stack:   # (patch.multiple refuses no switches: "base")
+        for name, value in switches.items():
+            stack.enter_context(mock.patch.object(pa, name, value))
         out = call(0)
         us = graph_time(call, reps=max(20, len(caches)))
     return us, out

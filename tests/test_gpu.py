@@ -695,10 +695,11 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
 
 def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
     """gemv_triton.TILE_PREFETCH_STEPS (the tiles asking L2 for their weight before the PDL
-    wait): products of 1, 4 and 16 rows at four weight shapes (two split four ways) bit-equal
-    with every step of every program prefetched and with none, the launches with it on built
-    with PREFETCH; then a tiny Llama's prompt logits (eager) bit-equal and greedy tokens (CUDA
-    graphs) equal with the default prefetch and without."""
+    wait): products of 1, 4 and 16 rows at four weight shapes (one split four ways) bit-equal
+    with every step of every program prefetched and with none; each pipelined launch with it on
+    built with PREFETCH and its PTX holding ``prefetch.global.L2``, each preloaded one (one row)
+    neither; then a tiny Llama's prompt logits (eager) bit-equal and greedy tokens (CUDA graphs)
+    equal with the default prefetch and without."""
     import sys
     sys.path.insert(0, "tests")
     from harness import logits_of_prompt, tiny_hf_model
@@ -708,11 +709,15 @@ def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
     from mtpserve.kernels import gemv_triton
 
     torch.manual_seed(0)
-    prefetch, real = [], gemv_triton._gemv_kernel
+    launches, real = [], gemv_triton._gemv_kernel
 
-    class Spy:   # records each launch's PREFETCH
+    class Spy:   # records each launch's PREFETCH and whether its PTX prefetches
         def __getitem__(self, grid):
-            return lambda *a, **kw: prefetch.append(kw["PREFETCH"]) or real[grid](*a, **kw)
+            def launch(*a, **kw):
+                kernel = real[grid](*a, **kw)
+                launches.append((kw["PREFETCH"], "prefetch.global.L2" in kernel.asm["ptx"]))
+                return kernel
+            return launch
 
     monkeypatch.setattr(gemv_triton, "_gemv_kernel", Spy())
     for n, k in ((960, 576), (3072, 576), (2048, 2048), (576, 1536)):
@@ -723,11 +728,13 @@ def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
             off = gemv_triton.gemv(x, w)
             monkeypatch.setattr(gemv_triton, "TILE_PREFETCH_STEPS", 64)
             monkeypatch.setattr(gemv_triton, "TILE_PREFETCH_PROGRAMS", 10 ** 6)
-            before = len(prefetch)
+            before = len(launches)
             on = gemv_triton.gemv(x, w)
             assert torch.equal(on, off), (n, k, rows)
-            if rows > 1:
-                assert prefetch[before:] == [64], (n, k, rows)
+            # none of these shapes streams; a preloaded tile (one row, one wave) never prefetches
+            preload = gemv_triton.tile_config(n, k, rows)["preload"]
+            assert launches[before:] == [(0, False) if preload else (64, True)], (n, k, rows)
+    assert (64, True) in launches and (0, False) in launches
     monkeypatch.undo()
 
     hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
