@@ -102,11 +102,8 @@ def check_deferred_sum(device: str, n: int = 96, k: int = 2048, split: int = 4) 
     the number of cases compared."""
     from mtpserve.kernels import gemv_triton
 
-    default, gemv_triton.DEFER_SUM = gemv_triton.DEFER_SUM, True   # whatever the default
-    try:
+    with mock.patch.object(gemv_triton, "DEFER_SUM", True):   # whatever the default
         return _check_deferred_sum(device, n, k, split)
-    finally:
-        gemv_triton.DEFER_SUM = default
 
 
 def _check_deferred_sum(device: str, n: int, k: int, split: int) -> int:
@@ -161,25 +158,20 @@ def check_deferred_model() -> dict:
     model = LlamaForCausalLM(cfg, 64).eval()
     model.load_weights(hf.state_dict().items())
     ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(4))
-    saved = G.gemv, G.DEFER_SUM, linear.use_gemv
-    deferred = []
+    real, deferred = G.gemv, []
 
     def counting(*a, **k):
-        out = saved[0](*a, **k)
+        out = real(*a, **k)
         deferred.append(isinstance(out, G.SplitKPartials))
         return out
 
-    G.gemv, linear.use_gemv = counting, (lambda x, w: True)
     logits = {}
-    try:
-        with torch.inference_mode():
-            ref, _ = f._run_steps(model, ids, "cpu", cfg)
-            for on in (True, False):
-                G.DEFER_SUM = on
-                with f.triton_on_cpu("cpu", True):
-                    logits[on], _ = f._run_steps(model, ids, "cpu", cfg)
-    finally:
-        G.gemv, G.DEFER_SUM, linear.use_gemv = saved
+    with (mock.patch.object(G, "gemv", counting),
+          mock.patch.object(linear, "use_gemv", lambda x, w: True), torch.inference_mode()):
+        ref, _ = f._run_steps(model, ids, "cpu", cfg)
+        for on in (True, False):
+            with mock.patch.object(G, "DEFER_SUM", on), f.triton_on_cpu("cpu", True):
+                logits[on], _ = f._run_steps(model, ids, "cpu", cfg)
     assert sum(deferred) == 8, deferred      # 2 down products x (1 prefill + 3 decode steps)
     assert torch.equal(logits[True], logits[False])
     err = float((logits[True] - ref).abs().max())
@@ -253,14 +245,10 @@ def check_swiglu_errors(device: str) -> int:
     shape = lambda n, k: torch.empty(n, k, device="meta")
     assert fits(shape(24576, 4096)) and not fits(shape(12288, 2048))
     assert fits(shape(3072, 576)) and not gemv_triton.stream_fits(1, 3072, 576)   # 135M
-    saved = gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K
-    gemv_triton.SWIGLU_MIN_K = 0
-    try:
+    with mock.patch.object(gemv_triton, "SWIGLU_MIN_K", 0):
         assert fits(shape(12288, 2048)) and not fits(shape(1536, 2048))
-        gemv_triton.SWIGLU_EPILOGUE = False
-        assert not fits(shape(12288, 2048))
-    finally:
-        gemv_triton.SWIGLU_EPILOGUE, gemv_triton.SWIGLU_MIN_K = saved
+        with mock.patch.object(gemv_triton, "SWIGLU_EPILOGUE", False):
+            assert not fits(shape(12288, 2048))
     return raised
 
 
@@ -315,13 +303,11 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
     model = llama.LlamaForCausalLM(cfg, 64).eval()
     model.load_weights(hf.state_dict().items())
     ids = torch.randint(0, cfg.vocab_size, (18,), generator=torch.Generator().manual_seed(5))
-    saved = (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, act.use_triton,
-             G.SWIGLU_MIN_K)
-    fused = []
+    real, fused = G.gemv, []
 
     def counting(*a, **k):
         fused.append(k.get("swiglu", False))
-        return saved[0](*a, **k)
+        return real(*a, **k)
 
     def run():   # the other layers on their PyTorch paths: the interpreter is slow
         with torch.inference_mode():
@@ -329,23 +315,21 @@ def check_interleaved_model(model_type: str = "qwen3") -> dict:
                               f._run_steps(model, ids, "cpu", cfg, prefill=18)[0]])
 
     few_rows = lambda x, w: x.shape[0] <= G.MAX_ROWS
-    G.gemv, linear.use_gemv, llama.use_gemv = counting, few_rows, few_rows
-    G.SWIGLU_MIN_K = 0   # the tiny gate/up weight [256, 64] takes the epilogue too
-    act.use_triton = lambda x: True   # the SiLU-and-mul kernels
-    try:
+    with (mock.patch.multiple(G, gemv=counting,
+                              SWIGLU_MIN_K=0),   # the tiny gate/up [256, 64] takes the epilogue
+          mock.patch.object(linear, "use_gemv", few_rows),
+          mock.patch.object(llama, "use_gemv", few_rows),
+          mock.patch.object(act, "use_triton", lambda x: True)):   # the SiLU-and-mul kernels
         before = run()
         process_weights_after_loading(model)   # few_rows stands in for use_gemv there too
         assert all(layer.mlp.gate_up_interleaved for layer in model.model.layers)
         fused.clear()
         on = run()
         epilogues = sum(fused)
-        G.SWIGLU_EPILOGUE = False
         fused.clear()
-        off = run()
+        with mock.patch.object(G, "SWIGLU_EPILOGUE", False):
+            off = run()
         assert fused and not any(fused), fused   # products ran, none with the epilogue
-    finally:
-        (G.gemv, G.SWIGLU_EPILOGUE, linear.use_gemv, llama.use_gemv, act.use_triton,
-         G.SWIGLU_MIN_K) = saved
     assert epilogues == 2 * 4, fused   # 2 layers x (1 prefill + 3 decode steps)
     assert torch.equal(on, before) and torch.equal(off, before)
     try:   # a checkpoint loaded again would land in the other row order
