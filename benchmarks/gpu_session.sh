@@ -136,6 +136,13 @@ s27hybrid) # session 27: where the hybrid's 4-token target forward (1.747 agains
   timeout 110 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --out /tmp/res 2>&1 | grep -v "it/s" | tail -3
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
+s28dot)   # session 28: the stricter tile-prefetch GPU test; preloaded tiles of 2-4 / 2-16 rows multiplied in one batched tl.dot (gemv_triton.PRELOAD_DOT_MAX_ROWS) at 135M and 1.7B; then s27hybrid
+  G=mtpserve.kernels.gemv_triton
+  timeout 90 python3 -m pytest -q tests/test_gpu.py -k "tile_prefetch or preloaded" 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+  timeout 260 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
+    --compare recaptured $G:PRELOAD_DOT_MAX_ROWS:4 $G:PRELOAD_DOT_MAX_ROWS:16 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
+  bash "$0" s27hybrid
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
