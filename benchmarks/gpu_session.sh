@@ -143,6 +143,9 @@ s28dot)   # session 28: the stricter tile-prefetch GPU test; preloaded tiles of 
     --compare recaptured $G:PRELOAD_DOT_MAX_ROWS:4 $G:PRELOAD_DOT_MAX_ROWS:16 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   bash "$0" s27hybrid
   ;;
+s28tc)    # session 28: the Gluon tensor-core stream of 2-16 rows (kernels/gemv_tc_gluon.py) checked and timed against the tiles, 135M and 1.7B weights
+  timeout 400 python3 benchmarks/gpu_gemv_tc.py --json "$OUT/gemv_tc.json" 2>&1 | tee "$OUT/gemv_tc.log" | grep -v "^ " | tail -30
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -1,0 +1,141 @@
+"""Skinny products of 2-16 rows streamed through shared memory onto tensor cores (Gluon, CUDA).
+
+``y = x W^T`` for a verify step's few rows of ``x`` [M, K] (M <= 16) by a 16-bit weight
+[N, K]. The pipelined tiles of kernels/gemv_triton.py request nothing before their PDL wait
+(Triton's software pipeliner issues its first loads after it), and holding a weight step in
+registers there spilled (BENCHMARKS.md, session 26); a 4-row product on CUDA cores cannot keep
+pace with HBM (sessions 24, 27). Here each program owns ``BLOCK_N`` = 16 x warps output features
+over the whole reduction, in units of ``BLOCK_K`` inputs, and keeps a ring of ``STAGES`` units
+in shared memory filled by ``cp.async`` (sm_80+ asynchronous copies: no registers held while in
+flight). The weight's first ``STAGES`` units are asked for before the PDL wait, while the kernel
+before still runs, as the one-row streamed product does with its first unit
+(kernels/gemv_stream_triton.py); the rows of x follow after the wait, one chunk per unit. Each
+unit is multiplied with ``mma.sync.m16n8k16`` (weight rows as the A operand, ``x^T`` as B, the
+rows of x padded to ``XR``, 8 or 16) into ``NACC`` float32 accumulators over interleaved slices
+of the unit, summed in a fixed order at the end: a row's bits do not depend on the rows beside it.
+
+Written in Gluon (``triton.experimental.gluon``), Triton's layout-explicit language, which
+exposes shared memory, ``cp.async`` groups and ``mma_v2``. Experimental: timed against the tiles
+by benchmarks/gpu_gemv_tc.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+
+@gluon.jit
+def _pdl_wait(PDL: gl.constexpr):
+    """``griddepcontrol.wait`` then ``launch_dependents`` (kernels/pdl.py's protocol)."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;"
+                                  "\n\tmov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+
+@gluon.jit
+def _copy_w(w_ptr, w_smem, tile, u, N, sw, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+            STAGES: gl.constexpr, LOAD: gl.constexpr):
+    """Start copying weight unit ``u`` of this program's tile (rows past N read as zero) into
+    ring slot ``u % STAGES``."""
+    rows = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
+    cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
+    ptrs = w_ptr + rows[:, None].to(gl.int64) * sw + cols[None, :]
+    async_copy.async_copy_global_to_shared(w_smem.index(u % STAGES), ptrs,
+                                           mask=(rows < N)[:, None])
+
+
+@gluon.jit
+def _copy_x(x_ptr, x_smem, u, M, sx, XR: gl.constexpr, BLOCK_K: gl.constexpr,
+            STAGES: gl.constexpr, LOAD: gl.constexpr):
+    """Start copying chunk ``u`` of x's rows (rows past M read as zero) into ring slot
+    ``u % STAGES``."""
+    rows = gl.arange(0, XR, layout=gl.SliceLayout(1, LOAD))
+    cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
+    ptrs = x_ptr + rows[:, None] * sx + cols[None, :]
+    async_copy.async_copy_global_to_shared(x_smem.index(u % STAGES), ptrs,
+                                           mask=(rows < M)[:, None])
+
+
+@gluon.jit
+def _unit_mma(w_smem, x_smem, s, acc, j: gl.constexpr, NACC: gl.constexpr,
+              BLOCK_K: gl.constexpr, MMA: gl.constexpr):
+    """``acc += W[:, slice j] @ x[:, slice j]^T`` for slice ``j`` of NACC of ring slot ``s``."""
+    width: gl.constexpr = BLOCK_K // NACC
+    a = w_smem.index(s).slice(j * width, width, dim=1).load(gl.DotOperandLayout(0, MMA, 2))
+    b = x_smem.index(s).slice(j * width, width, dim=1).permute((1, 0)).load(
+        gl.DotOperandLayout(1, MMA, 2))
+    return mma_v2(a, b, acc)
+
+
+@gluon.jit
+def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: gl.constexpr,
+               STAGES: gl.constexpr, XR: gl.constexpr, NACC: gl.constexpr, PDL: gl.constexpr,
+               num_warps: gl.constexpr):
+    BLOCK_N: gl.constexpr = 16 * num_warps
+    U: gl.constexpr = K // BLOCK_K
+    tile = gl.program_id(0)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
+                                                   instr_shape=[16, 8])
+    LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    SMEM: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    w_smem = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, BLOCK_N, BLOCK_K], SMEM)
+    x_smem = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, XR, BLOCK_K], SMEM)
+    for first in gl.static_range(STAGES):
+        if first < U:
+            _copy_w(w_ptr, w_smem, tile, first, N, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
+    _pdl_wait(PDL)
+    for first in gl.static_range(STAGES):
+        if first < U:
+            _copy_x(x_ptr, x_smem, first, M, sx, XR, BLOCK_K, STAGES, LOAD)
+    async_copy.commit_group()
+    acc0 = gl.zeros([BLOCK_N, XR], gl.float32, layout=MMA)
+    acc1 = gl.zeros([BLOCK_N, XR], gl.float32, layout=MMA)
+    for u in range(U):
+        # the first STAGES units are one group; each later unit is its own
+        if u == 0:
+            async_copy.wait_group(0)
+        else:
+            async_copy.wait_group(STAGES - 1)
+        gl.thread_barrier()
+        s = u % STAGES
+        acc0 = _unit_mma(w_smem, x_smem, s, acc0, 0, NACC, BLOCK_K, MMA)
+        if NACC == 2:
+            acc1 = _unit_mma(w_smem, x_smem, s, acc1, 1, NACC, BLOCK_K, MMA)
+        gl.thread_barrier()
+        if u + STAGES < U:
+            _copy_w(w_ptr, w_smem, tile, u + STAGES, N, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
+            _copy_x(x_ptr, x_smem, u + STAGES, M, sx, XR, BLOCK_K, STAGES, LOAD)
+        async_copy.commit_group()
+    if NACC == 2:
+        acc0 = acc0 + acc1
+    n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+    m = gl.arange(0, XR, layout=gl.SliceLayout(0, MMA))
+    gl.store(y_ptr + m[None, :] * sy + n[:, None], acc0.to(y_ptr.dtype.element_ty),
+             mask=(n < N)[:, None] & (m < M)[None, :])
+
+
+def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: int = 4,
+            num_warps: int = 1, nacc: int = 2, pdl: bool = True) -> torch.Tensor:
+    """``x [M, K] @ weight [N, K]^T`` -> [M, N] in x's dtype, for 1 <= M <= 16 rows on CUDA
+    (sm_80+; PDL on sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K.
+    Programs of ``num_warps`` warps own 16 x num_warps output features each; ``block_k`` (a
+    power of two dividing K, >= 16 x nacc) inputs a unit, ``stages`` units in flight, ``nacc``
+    (1 or 2) accumulator chains. Raises ``ValueError`` for shapes it does not take."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if not (1 <= M <= 16 and weight.shape[1] == K and K % block_k == 0
+            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+            and x.stride(1) == 1 and weight.stride(1) == 1 and block_k % (16 * nacc) == 0):
+        raise ValueError(f"gemv_tc: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
+                         f"{weight.dtype}, block_k {block_k}, nacc {nacc}")
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(N, 16 * num_warps),)
+    _tc_kernel[grid](x, weight, y, M, N, x.stride(0), weight.stride(0), y.stride(0), K=K,
+                     BLOCK_K=block_k, STAGES=stages, XR=8 if M <= 8 else 16, NACC=nacc,
+                     PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+    return y
