@@ -38,7 +38,7 @@ def _pdl_wait(PDL: gl.constexpr):
 
 
 @gluon.jit
-def _copy_w(w_ptr, w_smem, tile, u, N, sw, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+def _copy_w(w_ptr, w_smem, tile, u, N, K, sw, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
             STAGES: gl.constexpr, LOAD: gl.constexpr):
     """Start copying weight unit ``u`` of this program's tile (rows past N read as zero) into
     ring slot ``u % STAGES``."""
@@ -46,11 +46,11 @@ def _copy_w(w_ptr, w_smem, tile, u, N, sw, BLOCK_N: gl.constexpr, BLOCK_K: gl.co
     cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
     ptrs = w_ptr + rows[:, None].to(gl.int64) * sw + cols[None, :]
     async_copy.async_copy_global_to_shared(w_smem.index(u % STAGES), ptrs,
-                                           mask=(rows < N)[:, None])
+                                           mask=(rows < N)[:, None] & (cols < K)[None, :])
 
 
 @gluon.jit
-def _copy_x(x_ptr, x_smem, u, M, sx, XR: gl.constexpr, BLOCK_K: gl.constexpr,
+def _copy_x(x_ptr, x_smem, u, M, K, sx, XR: gl.constexpr, BLOCK_K: gl.constexpr,
             STAGES: gl.constexpr, LOAD: gl.constexpr):
     """Start copying chunk ``u`` of x's rows (rows past M read as zero) into ring slot
     ``u % STAGES``."""
@@ -58,7 +58,7 @@ def _copy_x(x_ptr, x_smem, u, M, sx, XR: gl.constexpr, BLOCK_K: gl.constexpr,
     cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
     ptrs = x_ptr + rows[:, None] * sx + cols[None, :]
     async_copy.async_copy_global_to_shared(x_smem.index(u % STAGES), ptrs,
-                                           mask=(rows < M)[:, None])
+                                           mask=(rows < M)[:, None] & (cols < K)[None, :])
 
 
 @gluon.jit
@@ -77,7 +77,7 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: 
                STAGES: gl.constexpr, XR: gl.constexpr, NACC: gl.constexpr, PDL: gl.constexpr,
                num_warps: gl.constexpr):
     BLOCK_N: gl.constexpr = 16 * num_warps
-    U: gl.constexpr = K // BLOCK_K
+    U: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     tile = gl.program_id(0)
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1],
                                                    instr_shape=[16, 8])
@@ -87,11 +87,11 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: 
     x_smem = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, XR, BLOCK_K], SMEM)
     for first in gl.static_range(STAGES):
         if first < U:
-            _copy_w(w_ptr, w_smem, tile, first, N, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
+            _copy_w(w_ptr, w_smem, tile, first, N, K, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
     _pdl_wait(PDL)
     for first in gl.static_range(STAGES):
         if first < U:
-            _copy_x(x_ptr, x_smem, first, M, sx, XR, BLOCK_K, STAGES, LOAD)
+            _copy_x(x_ptr, x_smem, first, M, K, sx, XR, BLOCK_K, STAGES, LOAD)
     async_copy.commit_group()
     acc0 = gl.zeros([BLOCK_N, XR], gl.float32, layout=MMA)
     acc1 = gl.zeros([BLOCK_N, XR], gl.float32, layout=MMA)
@@ -108,8 +108,8 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: 
             acc1 = _unit_mma(w_smem, x_smem, s, acc1, 1, NACC, BLOCK_K, MMA)
         gl.thread_barrier()
         if u + STAGES < U:
-            _copy_w(w_ptr, w_smem, tile, u + STAGES, N, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
-            _copy_x(x_ptr, x_smem, u + STAGES, M, sx, XR, BLOCK_K, STAGES, LOAD)
+            _copy_w(w_ptr, w_smem, tile, u + STAGES, N, K, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
+            _copy_x(x_ptr, x_smem, u + STAGES, M, K, sx, XR, BLOCK_K, STAGES, LOAD)
         async_copy.commit_group()
     if NACC == 2:
         acc0 = acc0 + acc1
@@ -124,11 +124,11 @@ def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: i
     """``x [M, K] @ weight [N, K]^T`` -> [M, N] in x's dtype, for 1 <= M <= 16 rows on CUDA
     (sm_80+; PDL on sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K.
     Programs of ``num_warps`` warps own 16 x num_warps output features each; ``block_k`` (a
-    power of two dividing K, >= 16 x nacc) inputs a unit, ``stages`` units in flight, ``nacc``
-    (1 or 2) accumulator chains. Raises ``ValueError`` for shapes it does not take."""
+    power of two, >= 16 x nacc) inputs a unit, ``stages`` units in flight, ``nacc``
+    (1 or 2) accumulator chains; inputs past K in the last unit read as zero. Raises ``ValueError`` for shapes it does not take."""
     M, K = x.shape
     N = weight.shape[0]
-    if not (1 <= M <= 16 and weight.shape[1] == K and K % block_k == 0
+    if not (1 <= M <= 16 and weight.shape[1] == K and K % 8 == 0
             and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(1) == 1 and weight.stride(1) == 1 and block_k % (16 * nacc) == 0):
         raise ValueError(f"gemv_tc: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
