@@ -661,10 +661,11 @@ def test_compiling_ahead_compiles_without_running_then_runs():
     torch.testing.assert_close(out.float(), torch.nn.functional.silu(g) * u, rtol=2e-2, atol=2e-2)
 
 
-def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
+def test_deferred_split_k_sum_gives_the_same_bits(tmp_path, monkeypatch):
     """A split o / down product's partials summed by the next norm (gemv_triton.SplitKPartials)
     against the product summing them itself: tests/gemv_check.py's kernel check in bfloat16,
-    then a tiny Llama whose o and down products split four ways (K = 2048): prompt logits of 12
+    then a tiny Llama whose o and down products split four ways (K = 2048; TC off, which would
+    take its products of 2-16 rows unsplit): prompt logits of 12
     tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs (no
     prefix caching: a second run would prefill only the uncached tail, through other products)."""
     import sys
@@ -677,6 +678,7 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_deferred_sum("cuda") == 3
+    monkeypatch.setattr(gemv_triton, "TC", False)   # products of 2-16 rows split in tiles
     hf = tiny_hf_model("llama", hidden_size=256, num_attention_heads=16, num_key_value_heads=4,
                        head_dim=128, intermediate_size=2048)
     assert gemv_triton.tile_config(256, 2048, rows=16)["split_k"] == 4
@@ -695,7 +697,8 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path):
 
 def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
     """gemv_triton.TILE_PREFETCH_STEPS (the tiles asking L2 for their weight before the PDL
-    wait): products of 1, 4 and 16 rows at four weight shapes (one split four ways) bit-equal
+    wait): products of 1, 4 and 16 rows at four weight shapes (one split four ways; TC off, so
+    that 4 and 16 rows take the tiles) bit-equal
     with every step of every program prefetched and with none; each pipelined launch with it on
     built with PREFETCH and its PTX holding ``prefetch.global.L2``, each preloaded one (one row)
     neither; then a tiny Llama's prompt logits (eager) bit-equal and greedy tokens (CUDA graphs)
@@ -720,6 +723,7 @@ def test_tile_prefetch_gives_the_same_bits(tmp_path, monkeypatch):
             return launch
 
     monkeypatch.setattr(gemv_triton, "_gemv_kernel", Spy())
+    monkeypatch.setattr(gemv_triton, "TC", False)   # the tiles at 4 and 16 rows
     for n, k in ((960, 576), (3072, 576), (2048, 2048), (576, 1536)):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
         for rows in (1, 4, 16):

@@ -27,6 +27,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+# cp.async into shared memory: ``async_load`` since Triton 3.7, ``async_copy_global_to_shared``
+# before (3.6 on the H200 here)
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# a CTA barrier: ``barrier`` since Triton 3.7, ``thread_barrier`` before
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 
 @gluon.jit
 def _pdl_wait(PDL: gl.constexpr):
@@ -45,8 +51,7 @@ def _copy_w(w_ptr, w_smem, tile, u, N, K, sw, BLOCK_N: gl.constexpr, BLOCK_K: gl
     rows = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
     cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
     ptrs = w_ptr + rows[:, None].to(gl.int64) * sw + cols[None, :]
-    async_copy.async_copy_global_to_shared(w_smem.index(u % STAGES), ptrs,
-                                           mask=(rows < N)[:, None] & (cols < K)[None, :])
+    _async_load(w_smem.index(u % STAGES), ptrs, mask=(rows < N)[:, None] & (cols < K)[None, :])
 
 
 @gluon.jit
@@ -57,8 +62,7 @@ def _copy_x(x_ptr, x_smem, u, M, K, sx, XR: gl.constexpr, BLOCK_K: gl.constexpr,
     rows = gl.arange(0, XR, layout=gl.SliceLayout(1, LOAD))
     cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
     ptrs = x_ptr + rows[:, None] * sx + cols[None, :]
-    async_copy.async_copy_global_to_shared(x_smem.index(u % STAGES), ptrs,
-                                           mask=(rows < M)[:, None] & (cols < K)[None, :])
+    _async_load(x_smem.index(u % STAGES), ptrs, mask=(rows < M)[:, None] & (cols < K)[None, :])
 
 
 @gluon.jit
@@ -73,9 +77,42 @@ def _unit_mma(w_smem, x_smem, s, acc, j: gl.constexpr, NACC: gl.constexpr,
 
 
 @gluon.jit
+def _store(acc, y_ptr, tile, M, N, sy, BLOCK_N: gl.constexpr, XR: gl.constexpr,
+           MMA: gl.constexpr):
+    """y[m, n] = acc[n - tile * BLOCK_N, m] for m < M, n < N, rounded to y's dtype."""
+    n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+    m = gl.arange(0, XR, layout=gl.SliceLayout(0, MMA))
+    gl.store(y_ptr + m[None, :] * sy + n[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=(n < N)[:, None] & (m < M)[None, :])
+
+
+@gluon.jit
+def _store_swiglu(acc, y_ptr, tile, M, N, sy, BLOCK_N: gl.constexpr, XR: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """SiLU-and-mul of interleaved (gate, up) weight rows: ``acc`` [BLOCK_N, XR] float32 ->
+    ``y[m, tile * BLOCK_N / 2 + j] = silu(g_j) * u_j``, the products first rounded to y's dtype
+    and computed as ``fused_triton._silu_mul_kernel`` does (the bits of the product stored,
+    then SiLU-and-mul). Through shared memory: rows 2j and 2j + 1 of the tile are one row of
+    its [BLOCK_N / 2, 2 XR] view."""
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    h = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [BLOCK_N, XR], FLAT)
+    h.store(acc.to(y_ptr.dtype.element_ty))
+    _cta_barrier()
+    pairs = h.reshape([BLOCK_N // 2, 2 * XR])
+    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32 // XR, XR], [num_warps, 1], [1, 0])
+    g = pairs.slice(0, XR, dim=1).load(OUT).to(gl.float32)
+    u = pairs.slice(XR, XR, dim=1).load(OUT).to(gl.float32)
+    y = g / (1.0 + gl.exp(-g)) * u
+    j = tile * (BLOCK_N // 2) + gl.arange(0, BLOCK_N // 2, layout=gl.SliceLayout(1, OUT))
+    m = gl.arange(0, XR, layout=gl.SliceLayout(0, OUT))
+    gl.store(y_ptr + m[None, :] * sy + j[:, None], y.to(y_ptr.dtype.element_ty),
+             mask=(j < N // 2)[:, None] & (m < M)[None, :])
+
+
+@gluon.jit
 def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: gl.constexpr,
-               STAGES: gl.constexpr, XR: gl.constexpr, NACC: gl.constexpr, PDL: gl.constexpr,
-               num_warps: gl.constexpr):
+               STAGES: gl.constexpr, XR: gl.constexpr, NACC: gl.constexpr, SWIGLU: gl.constexpr,
+               PDL: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_N: gl.constexpr = 16 * num_warps
     U: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     tile = gl.program_id(0)
@@ -101,41 +138,71 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: 
             async_copy.wait_group(0)
         else:
             async_copy.wait_group(STAGES - 1)
-        gl.thread_barrier()
+        _cta_barrier()
         s = u % STAGES
         acc0 = _unit_mma(w_smem, x_smem, s, acc0, 0, NACC, BLOCK_K, MMA)
         if NACC == 2:
             acc1 = _unit_mma(w_smem, x_smem, s, acc1, 1, NACC, BLOCK_K, MMA)
-        gl.thread_barrier()
+        _cta_barrier()
         if u + STAGES < U:
             _copy_w(w_ptr, w_smem, tile, u + STAGES, N, K, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
             _copy_x(x_ptr, x_smem, u + STAGES, M, K, sx, XR, BLOCK_K, STAGES, LOAD)
         async_copy.commit_group()
     if NACC == 2:
         acc0 = acc0 + acc1
-    n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
-    m = gl.arange(0, XR, layout=gl.SliceLayout(0, MMA))
-    gl.store(y_ptr + m[None, :] * sy + n[:, None], acc0.to(y_ptr.dtype.element_ty),
-             mask=(n < N)[:, None] & (m < M)[None, :])
+    if SWIGLU:
+        _store_swiglu(acc0, y_ptr, tile, M, N, sy, BLOCK_N, XR, num_warps)
+    else:
+        _store(acc0, y_ptr, tile, M, N, sy, BLOCK_N, XR, MMA)
+
+
+def tc_config(n: int, k: int, sms: int) -> dict:
+    """``gemv_tc`` keywords for an [n, k] weight on a GPU of ``sms`` SMs: one warp a program
+    (16 outputs), units of 512 inputs, 4 in flight where the programs are one a SM, 3 where
+    they are two (never more than the reduction has); past two a SM, units of 256, 3 in flight,
+    so that every program's ring fits in shared memory at once. The best of a sweep or within 6%
+    of it for each 135M / 1.7B weight at 4 rows but the 135M gate/up (2.27 against 2.05 us at
+    two warps; benchmarks/gpu_gemv_tc.py, BENCHMARKS.md session 28)."""
+    programs = -(-n // 16)
+    if programs > 2 * sms:
+        return dict(block_k=256, stages=3, num_warps=1)
+    units = -(-k // 512)
+    return dict(block_k=512, stages=min(4 if programs <= sms else 3, units), num_warps=1)
 
 
 def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: int = 4,
-            num_warps: int = 1, nacc: int = 2, pdl: bool = True) -> torch.Tensor:
+            num_warps: int = 1, nacc: int = 2, swiglu: bool = False,
+            pdl: bool = True) -> torch.Tensor:
     """``x [M, K] @ weight [N, K]^T`` -> [M, N] in x's dtype, for 1 <= M <= 16 rows on CUDA
-    (sm_80+; PDL on sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K.
-    Programs of ``num_warps`` warps own 16 x num_warps output features each; ``block_k`` (a
-    power of two, >= 16 x nacc) inputs a unit, ``stages`` units in flight, ``nacc``
-    (1 or 2) accumulator chains; inputs past K in the last unit read as zero. Raises ``ValueError`` for shapes it does not take."""
+    (sm_80+; PDL on sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K
+    with aligned rows (:func:`tc_takes`). Programs of ``num_warps`` warps own 16 x num_warps output
+    features each; ``block_k`` (a power of two, >= 16 x nacc) inputs a unit, ``stages`` units in
+    flight, ``nacc`` (1 or 2) accumulator chains; inputs past K in the last unit read as zero.
+    ``swiglu``: ``weight`` [2I, K] has its gate and up rows interleaved (gemv_triton's SwiGLU
+    epilogue); returns ``silu(g) * u`` [M, I], bit-equal to this product then
+    ``fused_triton.silu_and_mul(y, interleaved=True)``. Raises ``ValueError`` for what it does
+    not take (:func:`tc_takes`)."""
     M, K = x.shape
     N = weight.shape[0]
-    if not (1 <= M <= 16 and weight.shape[1] == K and K % 8 == 0
-            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
-            and x.stride(1) == 1 and weight.stride(1) == 1 and block_k % (16 * nacc) == 0):
+    if not tc_takes(x, weight) or block_k % (16 * nacc) or (swiglu and N % 2):
         raise ValueError(f"gemv_tc: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
-                         f"{weight.dtype}, block_k {block_k}, nacc {nacc}")
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+                         f"{weight.dtype}, block_k {block_k}, nacc {nacc}, swiglu {swiglu}")
+    y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(N, 16 * num_warps),)
     _tc_kernel[grid](x, weight, y, M, N, x.stride(0), weight.stride(0), y.stride(0), K=K,
                      BLOCK_K=block_k, STAGES=stages, XR=8 if M <= 8 else 16, NACC=nacc,
-                     PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+                     SWIGLU=swiglu, PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
     return y
+
+
+def tc_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`gemv_tc` takes ``x`` [M, K] by ``weight`` [N, K]: CUDA, 1-16 rows, one
+    16-bit dtype, both contiguous along K, K a multiple of 8, bases 16-byte aligned and row
+    strides multiples of 16 elements (Triton knows an integer's divisibility by 16 only, and
+    ``cp.async`` copies 16 bytes)."""
+    return (x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= 16
+            and weight.dim() == 2 and weight.shape[1] == x.shape[1] and x.shape[1] % 8 == 0
+            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+            and x.stride(1) == 1 and weight.stride(1) == 1
+            and x.stride(0) % 16 == 0 and weight.stride(0) % 16 == 0
+            and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)

@@ -67,6 +67,11 @@ from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
+try:   # Gluon (triton.experimental.gluon) is in Triton 3.4 and later
+    from mtpserve.kernels.gemv_tc_gluon import gemv_tc, tc_config, tc_takes
+except ImportError:
+    gemv_tc = tc_config = tc_takes = None
+
 # most rows of x this kernel takes; larger products go to cuBLAS
 MAX_ROWS = 16
 # off: every product goes to cuBLAS (benchmarks/gpu_decode.py --no-gemv compares the two)
@@ -125,6 +130,15 @@ TILE_PREFETCH_PROGRAMS = None
 # ... only for weights of at most this many bytes (None: any): the 135M's products and the 1.7B
 # o product (4-token forward 1.487 against 1.497 ms), not an LM head nor an 8B weight
 TILE_PREFETCH_MAX_BYTES = 9 << 20
+# on: products of 2..TC_MAX_ROWS rows without bias, of at most TC_MAX_N outputs, take the Gluon
+# tensor-core stream (kernels/gemv_tc_gluon.py: a cp.async ring whose first weight units are
+# asked for before the PDL wait) on sm_90+ where Gluon imports. On the H200, 4 rows, one product
+# in a chain of 20 (benchmarks/gpu_gemv_tc.py, BENCHMARKS.md session 28): 1.7B q/k/v 6.92 ->
+# 5.56 us, o 5.61 -> 3.36, 135M down 3.59 -> 2.22
+TC = True
+TC_MAX_ROWS = 16
+# ... not the LM heads (151936 outputs), which the tiles read at ~4.3 TB/s
+TC_MAX_N = 32768
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
 FUSED_INPUTS = True
@@ -416,6 +430,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if stream:
         _check(x, weight)
         return _streamed(x, weight, bias, stream, swiglu=swiglu, out_dtype=out_dtype)
+    if block_n is None and bias is None and out_dtype in (None, x.dtype) and tc_fits(x, weight):
+        return gemv_tc(x, weight, swiglu=swiglu,
+                       **tc_config(N, K, sm_count(x.device.index or 0)), pdl=pdl.enabled(x))
     if block_n is None:
         cfg = tile_config(N, K, M)
         block_n, block_k, num_warps, stages, split_k, preload = (
@@ -460,6 +477,16 @@ def _preload_mode(rows: int) -> int:
     if rows == 1:
         return 1
     return 3 if rows <= PRELOAD_DOT_MAX_ROWS else 2
+
+
+def tc_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``gemv`` (default tiles, no bias, the output in x's dtype) gives ``x`` by
+    ``weight`` to the Gluon tensor-core stream: TC on and importable, 2..TC_MAX_ROWS rows, at
+    most TC_MAX_N outputs, a Hopper or newer GPU and what
+    ``gemv_tc_gluon.tc_takes``."""
+    return (TC and gemv_tc is not None and x.is_cuda and 2 <= x.shape[0] <= TC_MAX_ROWS
+            and weight.shape[0] <= TC_MAX_N and pdl.supported(x.device.index or 0)
+            and tc_takes(x, weight))
 
 
 def _prefetch_programs(x: torch.Tensor, weight: torch.Tensor) -> int:

@@ -39,13 +39,14 @@ ENABLED = True
 
 
 @functools.cache
-def _supported(index: int) -> bool:
+def supported(index: int) -> bool:
+    """Whether CUDA device ``index`` is Hopper (compute capability 9.0) or newer."""
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def enabled(x: torch.Tensor) -> bool:
     """Whether kernels working on ``x`` launch with PDL: CUDA, Hopper or newer, ENABLED."""
-    return ENABLED and x.is_cuda and _supported(x.device.index or 0)
+    return ENABLED and x.is_cuda and supported(x.device.index or 0)
 
 
 def launch(x: torch.Tensor) -> dict:
