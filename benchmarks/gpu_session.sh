@@ -147,8 +147,9 @@ s28tc)    # session 28: the Gluon tensor-core stream of 2-16 rows (kernels/gemv_
   timeout 400 python3 benchmarks/gpu_gemv_tc.py --json "$OUT/gemv_tc.json" 2>&1 | tee "$OUT/gemv_tc.log" | grep -v "^ " | tail -30
   ;;
 s28tc2)   # session 28: the Gluon tensor-core stream wired into gemv for 2-16 rows (gemv_triton.TC): its GPU tests and the product tests it touches, then the dense shapes with it on and off
-  timeout 240 python3 -m pytest -q tests/test_gpu_gemv_tc.py tests/test_gpu.py -k "tc or tile_prefetch or deferred or swiglu or interleaved or gemv or preloaded" 2>&1 \
-    | tee "$OUT/gpu_tests.log" | tail -15
+  timeout 90 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -15
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "tile_prefetch or deferred or swiglu or interleaved or gemv or preloaded" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -6
   timeout 300 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.gemv_triton:TC:False recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   ;;
