@@ -153,6 +153,16 @@ s28tc2)   # session 28: the Gluon tensor-core stream wired into gemv for 2-16 ro
   timeout 300 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b qwen3-8b --json "$OUT/gpu_decode.json" \
     --compare mtpserve.kernels.gemv_triton:TC:False recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
   ;;
+s28tc3)   # session 28: the tc stream with at least two units (Triton 3.6 failed on one), its GPU tests and the product tests it touches; 2-8 rows only against 2-16; the 1.7B with its gate/up interleaved for the SwiGLU epilogue
+  G=mtpserve.kernels.gemv_triton
+  timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "tile_prefetch or deferred or swiglu or interleaved or gemv or preloaded" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -6
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
+    --compare $G:TC_MAX_ROWS:8 recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
+  timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --set $G:SWIGLU_MIN_K:0 --json "$OUT/gpu_decode_swiglu.json" \
+    --compare $G:TC:False recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_swiglu.log" | tail -4
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

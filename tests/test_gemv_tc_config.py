@@ -13,10 +13,11 @@ gluon = pytest.importorskip("triton.experimental.gluon")
 @pytest.mark.parametrize("n, k, expected", [
     (960, 576, (512, 2)), (576, 576, (512, 2)), (3072, 576, (512, 2)), (576, 1536, (512, 3)),
     (4096, 2048, (512, 3)), (2048, 2048, (512, 4)), (12288, 2048, (256, 3)),
-    (2048, 6144, (512, 4)), (24576, 4096, (256, 3))])
+    (2048, 6144, (512, 4)), (24576, 4096, (256, 3)), (768, 256, (128, 2)), (256, 64, (32, 2)), (8192, 256, (128, 3))])
 def test_tc_config_for_the_benchmark_weights(n, k, expected):
     """On 132 SMs: units of 512 inputs, 4 in flight for one program a SM, 3 for two, never more
-    than the reduction has; units of 256, 3 in flight, past two programs a SM."""
+    than the reduction has, nor fewer than 2; units of 256, 3 in flight, past two programs a SM;
+    a reduction of at most 512 in two units."""
     from mtpserve.kernels.gemv_tc_gluon import tc_config
 
     assert tc_config(n, k, 132) == dict(block_k=expected[0], stages=expected[1], num_warps=1)
@@ -32,7 +33,7 @@ def test_cpu_tensors_never_take_the_tc_stream():
 
 
 @pytest.mark.parametrize("k, block_k, stages, xr, swiglu", [
-    (576, 512, 2, 8, False), (2048, 256, 3, 16, True)])
+    (576, 512, 2, 8, False), (2048, 256, 3, 16, True), (256, 128, 2, 8, True)])
 def test_tc_kernel_compiles_for_sm90(k, block_k, stages, xr, swiglu):
     """The kernel through this Triton's compiler for sm_90 (PTX only: no GPU, no ptxas): the
     weight's first copies issued before ``griddepcontrol.wait``, products on ``mma.sync``."""

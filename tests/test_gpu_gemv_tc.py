@@ -9,9 +9,10 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-# the 135M and 1.7B q/k/v, o, gate/up and down weights, and one of N not a multiple of 16
+# the 135M and 1.7B q/k/v, o, gate/up and down weights, one of N not a multiple of 16, and a
+# tiny model's gate/up and o (a reduction of one unit)
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 2048), (2048, 2048),
-          (12288, 2048), (2048, 6144), (1000, 576)]
+          (12288, 2048), (2048, 6144), (1000, 576), (4096, 256), (256, 2048)]
 ROWS = (2, 3, 4, 8, 9, 16)
 
 

@@ -160,14 +160,18 @@ def tc_config(n: int, k: int, sms: int) -> dict:
     """``gemv_tc`` keywords for an [n, k] weight on a GPU of ``sms`` SMs: one warp a program
     (16 outputs), units of 512 inputs, 4 in flight where the programs are one a SM, 3 where
     they are two (never more than the reduction has); past two a SM, units of 256, 3 in flight,
-    so that every program's ring fits in shared memory at once. The best of a sweep or within 6%
+    so that every program's ring fits in shared memory at once. A reduction of at most 512 takes
+    two units (Triton 3.6 fails to lower the loop over a single unit). The best of a sweep or within 6%
     of it for each 135M / 1.7B weight at 4 rows but the 135M gate/up (2.27 against 2.05 us at
     two warps; benchmarks/gpu_gemv_tc.py, BENCHMARKS.md session 28)."""
     programs = -(-n // 16)
+    half = max(32, triton.next_power_of_2(k) // 2)   # at least two units
     if programs > 2 * sms:
-        return dict(block_k=256, stages=3, num_warps=1)
-    units = -(-k // 512)
-    return dict(block_k=512, stages=min(4 if programs <= sms else 3, units), num_warps=1)
+        return dict(block_k=min(256, half), stages=3, num_warps=1)
+    block_k = min(512, half)
+    units = -(-k // block_k)
+    return dict(block_k=block_k, stages=max(2, min(4 if programs <= sms else 3, units)),
+                num_warps=1)
 
 
 def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: int = 4,
@@ -176,15 +180,17 @@ def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: i
     """``x [M, K] @ weight [N, K]^T`` -> [M, N] in x's dtype, for 1 <= M <= 16 rows on CUDA
     (sm_80+; PDL on sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K
     with aligned rows (:func:`tc_takes`). Programs of ``num_warps`` warps own 16 x num_warps output
-    features each; ``block_k`` (a power of two, >= 16 x nacc) inputs a unit, ``stages`` units in
-    flight, ``nacc`` (1 or 2) accumulator chains; inputs past K in the last unit read as zero.
+    features each; ``block_k`` (a power of two, >= 16 x nacc) inputs a unit, ``stages`` (>= 2) units in
+    flight, ``nacc`` (1 or 2) accumulator chains, at least two units (K > block_k); inputs past
+    K in the last unit read as zero.
     ``swiglu``: ``weight`` [2I, K] has its gate and up rows interleaved (gemv_triton's SwiGLU
     epilogue); returns ``silu(g) * u`` [M, I], bit-equal to this product then
     ``fused_triton.silu_and_mul(y, interleaved=True)``. Raises ``ValueError`` for what it does
     not take (:func:`tc_takes`)."""
     M, K = x.shape
     N = weight.shape[0]
-    if not tc_takes(x, weight) or block_k % (16 * nacc) or (swiglu and N % 2):
+    if (not tc_takes(x, weight) or block_k % (16 * nacc) or stages < 2 or K <= block_k
+            or (swiglu and N % 2)):
         raise ValueError(f"gemv_tc: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
                          f"{weight.dtype}, block_k {block_k}, nacc {nacc}, swiglu {swiglu}")
     y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
@@ -197,11 +203,12 @@ def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: i
 
 def tc_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`gemv_tc` takes ``x`` [M, K] by ``weight`` [N, K]: CUDA, 1-16 rows, one
-    16-bit dtype, both contiguous along K, K a multiple of 8, bases 16-byte aligned and row
+    16-bit dtype, both contiguous along K, K a multiple of 8 and at least 64, bases 16-byte aligned and row
     strides multiples of 16 elements (Triton knows an integer's divisibility by 16 only, and
     ``cp.async`` copies 16 bytes)."""
     return (x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= 16
             and weight.dim() == 2 and weight.shape[1] == x.shape[1] and x.shape[1] % 8 == 0
+            and x.shape[1] >= 64
             and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
             and x.stride(1) == 1 and weight.stride(1) == 1
             and x.stride(0) % 16 == 0 and weight.stride(0) % 16 == 0
