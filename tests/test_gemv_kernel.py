@@ -105,9 +105,9 @@ def test_swiglu_epilogue_under_triton_interpreter():
 
 def test_swiglu_epilogue_rejects_what_it_cannot_take():
     """A bias, a split reduction or an odd number of weight rows raise ValueError before any
-    launch; swiglu_fits holds for the 8B gate/up shape and the 135M one (not streamed at one
-    row), for the 1.7B one only with SWIGLU_MIN_K lowered, never for a split one or with
-    SWIGLU_EPILOGUE off."""
+    launch; swiglu_fits holds for the 8B and 1.7B gate/up shapes, with SWIGLU_MIN_K at 4096
+    for the 8B one and the 135M one (not streamed at one row) only, never for a split one or
+    with SWIGLU_EPILOGUE off."""
     pytest.importorskip("triton")
     import gemv_check
 

@@ -25,8 +25,8 @@ def test_tc_products_match_float32_and_are_row_invariant(n, k):
     """With tc_config's units: within 1e-2 of a float32 reference (bf16 output) at 2-16 rows;
     the first two rows bit-equal whatever the rows beside them (x padded to 8 or to 16 rows);
     ``swiglu=True`` over the weight as interleaved pairs bit-equal to the product then
-    ``silu_and_mul(interleaved=True)``; ``gemv`` gives these rows to it (the same bits) and
-    one row to its own kernels."""
+    ``silu_and_mul(interleaved=True)``; ``gemv`` gives it 2..TC_MAX_ROWS rows (the same bits),
+    not one row nor more."""
     from mtpserve.kernels import gemv_triton
     from mtpserve.kernels.fused_triton import silu_and_mul
     from mtpserve.kernels.gemv_stream_triton import sm_count
@@ -44,8 +44,9 @@ def test_tc_products_match_float32_and_are_row_invariant(n, k):
         assert _rel(y, ref[:m]) < 1e-2, (m, _rel(y, ref[:m]))
         first = y[:2] if first is None else first
         assert torch.equal(y[:2], first), m
-        assert gemv_triton.tc_fits(x[:m], w)
-        assert torch.equal(gemv_triton.gemv(x[:m], w), y), m
+        assert gemv_triton.tc_fits(x[:m], w) == (m <= gemv_triton.TC_MAX_ROWS)
+        if m <= gemv_triton.TC_MAX_ROWS:
+            assert torch.equal(gemv_triton.gemv(x[:m], w), y), m
         assert torch.equal(gemv_tc(x[:m], w, swiglu=True, **cfg),
                            silu_and_mul(y, interleaved=True)), m
     assert not gemv_triton.tc_fits(x[:1], w)
@@ -80,16 +81,17 @@ def test_tc_refuses_what_it_does_not_take():
 
 
 def test_tiny_model_with_tc_products(tmp_path):
-    """A tiny Qwen3 (bf16): prompt logits of 12 tokens (eager; 12-row products) within 1% of
+    """A tiny Qwen3 (bf16): prompt logits of 6 tokens (eager; 6-row products) within 1% of
     those through the tiles (and not equal: the stream ran), and the greedy tokens of two
-    requests through CUDA graphs (2-row decode products) equal, with TC on and off."""
+    requests through CUDA graphs (2-row decode products) with TC on and off equal but at
+    near-ties (random weights: the two kernels round differently)."""
     from harness import logits_of_prompt
-    from test_gpu import _greedy, _switched, _tiny_qwen3_llm
+    from test_gpu import NEAR_TIE, _greedy, _margin_report, _switched, _tiny_qwen3_llm
 
     from mtpserve.kernels import gemv_triton
 
     llm = _tiny_qwen3_llm(tmp_path)
-    prompts = [[5, 9, 33, 2, 71, 8, 13, 21, 34, 55, 89, 144], list(range(2, 40))]
+    prompts = [[5, 9, 33, 2, 71, 8], list(range(2, 40))]
 
     def outputs(on: bool):
         with _switched(llm, gemv_triton, "TC", on):
@@ -97,4 +99,5 @@ def test_tiny_model_with_tc_products(tmp_path):
 
     tc, tiles = outputs(True), outputs(False)
     assert 0 < _rel(tc[0], tiles[0]) < 1e-2
-    assert tc[1] == tiles[1]
+    flips = [_margin_report(llm, p, a, b) for p, a, b in zip(prompts, tc[1], tiles[1]) if a != b]
+    assert all(m < NEAR_TIE for _, m in flips), f"divergences (token, top-2 margin): {flips}"

@@ -86,12 +86,14 @@ DEFER_SUM = True
 # (benchmarks/gpu_decode.py --compare no_swiglu_epilogue). The rows are interleaved at load only
 # where it applies then (``swiglu_fits``): a weight left in checkpoint order keeps SiluAndMul
 SWIGLU_EPILOGUE = True
-# ... for gate/up weights of at least this many inputs: on the H200 the epilogue took the 8B
-# batch-1 step (24576 x 4096) from 4.372 to 4.292 ms, but the 1.7B one (12288 x 2048) from 1.530
-# to 1.599 ms, and there with tiles of 64 or 128 rows too (1.598, 1.618; BENCHMARKS.md, session
-# 20, runs 3 and 5): there the down product costs 4.1 us more after a product than after the
-# one-program SiLU-and-mul kernel (its programs launched early under PDL; session 21, run 4)
-SWIGLU_MIN_K = 4096
+# ... for gate/up weights of at least this many inputs (or not streamed at one row). 0: every
+# one. Was 4096 from session 20: the epilogue took the 8B batch-1 step (24576 x 4096) from 4.372
+# to 4.292 ms but the 1.7B one (12288 x 2048) from 1.530 to 1.599 ms, its down product costing
+# 4.1 us more after a product than after the one-program SiLU-and-mul kernel; since the
+# streamed one-row product (session 23) the 1.7B's one-row step is even (1.256 against 1.261
+# ms, session 26), and with 4-row products on the tc stream (TC, session 28) the epilogue took
+# the 1.7B 4-token forward from 1.428-1.437 to 1.357 ms (verify4/1 1.16 -> 1.10; run 5)
+SWIGLU_MIN_K = 0
 # on: products of few rows whose tiles fit one wave take preloaded tiles (module doc); off, they
 # take the pipelined loop, or at one row the streamed product where STREAM applies
 # (benchmarks/gpu_decode.py --compare no_preload)
@@ -136,7 +138,9 @@ TILE_PREFETCH_MAX_BYTES = 9 << 20
 # in a chain of 20 (benchmarks/gpu_gemv_tc.py, BENCHMARKS.md session 28): 1.7B q/k/v 6.92 ->
 # 5.56 us, o 5.61 -> 3.36, 135M down 3.59 -> 2.22
 TC = True
-TC_MAX_ROWS = 16
+# ... up to 8 rows: at 16 (16 requests decoding) the tiles gave the 1.7B 10028-10108 tok/s
+# against 9271-9351 with the stream (runs 4-5); a verify of 2 requests x 4 tokens still takes it
+TC_MAX_ROWS = 8
 # ... not the LM heads (151936 outputs), which the tiles read at ~4.3 TB/s
 TC_MAX_N = 32768
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
@@ -243,15 +247,13 @@ def _pipelined_tile(n: int, k: int) -> dict:
 
 
 def swiglu_fits(weight: torch.Tensor) -> bool:
-    """Whether ``gemv(x, weight, swiglu=True)`` applies and pays with :func:`tile_config`'s
-    tiles: SWIGLU_EPILOGUE on, at least SWIGLU_MIN_K inputs (the 8B gate/up shape 24576 x 4096
-    has; the 1.7B one, 12288 x 2048, has not) or a one-row product that is not streamed (the
-    135M's 3072 x 576: its down product could not take SiLU-and-mul in front, so a SiLU-and-mul
-    kernel ran at every row count), an even number of rows [2I] and an unsplit reduction at
-    every row count (a narrow tensor-parallel shard over a long reduction may split).
+    """Whether ``gemv(x, weight, swiglu=True)`` applies and pays: SWIGLU_EPILOGUE on, at least
+    SWIGLU_MIN_K inputs (0 by default: any) or a one-row product that is not streamed (the
+    135M's 3072 x 576), an even number of rows [2I] and an unsplit reduction at every row count
+    of :func:`tile_config` (a narrow tensor-parallel shard over a long reduction may split).
     On the H200 the 135M's gate/up with the epilogue took its batch-1 step from 0.607 to 0.564
-    ms; the 1.7B's, streamed, 1.261 -> 1.256 ms at one row but its 4-row forward 0.04 ms slower
-    (BENCHMARKS.md, session 26)."""
+    ms (session 26); the 1.7B's its 4-token forward from 1.43 to 1.36 ms with 4-row products on
+    the tc stream, its one-row step even (session 28; BENCHMARKS.md)."""
     n, k = weight.shape
     return (SWIGLU_EPILOGUE and (k >= SWIGLU_MIN_K or not stream_fits(1, n, k)) and n % 2 == 0
             and all(tile_config(n, k, rows)["split_k"] == 1 for rows in (1, MAX_ROWS)))
