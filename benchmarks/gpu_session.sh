@@ -176,6 +176,10 @@ s28final) # session 28's last call (carry part-ab, right after s26real_a): the r
   timeout 110 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" \
     | tee "$OUT/gpu_hybrid.log" | tail -5
   ;;
+s28ready) # session 28: the 1.7B time to ready (fresh and warm Triton cache) with the tc stream's Gluon compiles
+  timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \
+    --log-dir "$OUT/logs-1.7b" 2>&1 | tail -4
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
