@@ -180,6 +180,12 @@ s28ready) # session 28: the 1.7B time to ready (fresh and warm Triton cache) wit
   timeout 240 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --json "$OUT/ready-1.7b.json" \
     --log-dir "$OUT/logs-1.7b" 2>&1 | tail -4
   ;;
+s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with the tc stream on, off (MTPSERVE_GEMV_TC=0), on, on one machine
+  for tc in 1 0 1; do
+    MTPSERVE_GEMV_TC=$tc timeout 100 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ckpt-1.7b \
+      --json "$OUT/ready-tc$tc-$RANDOM.json" 2>&1 | tail -1
+  done
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -55,6 +55,7 @@ its two phases as two launches it equalled them in the step.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -137,7 +138,9 @@ TILE_PREFETCH_MAX_BYTES = 9 << 20
 # asked for before the PDL wait) on sm_90+ where Gluon imports. On the H200, 4 rows, one product
 # in a chain of 20 (benchmarks/gpu_gemv_tc.py, BENCHMARKS.md session 28): 1.7B q/k/v 6.92 ->
 # 5.56 us, o 5.61 -> 3.36, 135M down 3.59 -> 2.22
-TC = True
+# (the environment variable MTPSERVE_GEMV_TC=0 turns it off at start, e.g. where a newer or
+# older Triton's Gluon fails to build it)
+TC = os.environ.get("MTPSERVE_GEMV_TC", "1") != "0"
 # ... up to 8 rows: at 16 (16 requests decoding) the tiles gave the 1.7B 10028-10108 tok/s
 # against 9271-9351 with the stream (runs 4-5); a verify of 2 requests x 4 tokens still takes it
 TC_MAX_ROWS = 8
