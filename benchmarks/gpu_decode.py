@@ -273,7 +273,7 @@ def main() -> None:
                          "name it first and last to bracket the others)")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
                     help="set a module constant before the engines are built, e.g. "
-                         "mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0 (VALUE read as a Python "
+                         "mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:4096 (VALUE read as a Python "
                          "literal)")
     ap.add_argument("--sync-compare", action="store_true",
                     help="also time batch 1 and 64 with async scheduling off")

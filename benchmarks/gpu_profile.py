@@ -14,11 +14,12 @@ kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B
 ``DIR/<shape>-steps-b<B>-chain.txt`` (what each kernel adds to the step's span under PDL:
 :func:`chain_table`).
 ``--forward-trace`` profiles graph-replayed forwards of 1 and 4 tokens of one sequence (no
-speculation) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
+draft step; a hybrid shape is built with MTP so that it has the recurrent-state scratch of a
+4-token forward) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
 ``--prefill Q ...`` profiles eager prefill forwards of Q tokens of one sequence (ops by host
 and device time, Python functions by own time): ``DIR/<shape>-prefill-q<Q>.txt``.
 ``--set MODULE:ATTR:VALUE`` sets a module constant first, as in gpu_decode.py (e.g. the 1.7B
-gate/up with the SwiGLU epilogue: ``mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:0``).
+gate/up in checkpoint order, as before session 28: ``mtpserve.kernels.gemv_triton:SWIGLU_MIN_K:4096``).
 ``--spec-host N`` instead times the host side of engine steps with N code-edit requests decoding
 together on the real SmolLM2 (bf16), speculation off and n-gram on: milliseconds per step spent
 in each engine phase (cProfile cumulative times).
@@ -327,7 +328,12 @@ def main() -> None:
         return
     if a.forward_trace:
         for shape in a.shapes:
-            eng, _ = build(shape, False, None)
+            # a hybrid's 4-token forward needs the per-position recurrent-state scratch that only
+            # an engine with speculation allocates (without it the forward read out of bounds:
+            # an illegal memory access in session 28's run 1)
+            spec = (SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)
+                    if shape in HYBRID else None)
+            eng, _ = build(shape, False, spec)
             eng.warmup()
             for q in (1, 4):
                 print(shape, forward_trace(eng, q, f"{a.out}/{shape}-forward-q{q}-chain.txt"),

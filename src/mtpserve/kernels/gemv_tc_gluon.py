@@ -14,9 +14,13 @@ unit is multiplied with ``mma.sync.m16n8k16`` (weight rows as the A operand, ``x
 rows of x padded to ``XR``, 8 or 16) into ``NACC`` float32 accumulators over interleaved slices
 of the unit, summed in a fixed order at the end: a row's bits do not depend on the rows beside it.
 
-Written in Gluon (``triton.experimental.gluon``), Triton's layout-explicit language, which
-exposes shared memory, ``cp.async`` groups and ``mma_v2``. Experimental: timed against the tiles
-by benchmarks/gpu_gemv_tc.py.
+Written in Gluon (``triton.experimental.gluon``, Triton 3.4+), Triton's layout-explicit
+language, which exposes shared memory, ``cp.async`` groups and ``mma_v2``; it builds with
+Triton 3.6 (the H200's) and 3.9. ``gemv_triton.gemv`` routes products of 2-8 rows here
+(``gemv_triton.TC``). On the H200, 4 rows, one product in a chain of 20 on cold weights
+(benchmarks/gpu_gemv_tc.py): the 1.7B q/k/v 5.56 us against 6.92 in the tiles, o 3.36 against
+5.61, gate/up 12.93 against 14.20, down 9.65 against 9.84; the 135M's 1.6-2.2 us against
+2.2-3.6 (BENCHMARKS.md, session 28).
 """
 
 from __future__ import annotations

@@ -40,6 +40,15 @@ weight tile before it, with one ``prefetch.global.L2`` per 128-byte line (no reg
 arithmetic unchanged), for weights of at most ``TILE_PREFETCH_MAX_BYTES``. On the H200 it took
 the 135M's 4-token verify forward from 0.673 to 0.616 ms (BENCHMARKS.md, session 27).
 
+Tensor-core stream of 2-8 rows (``TC``, kernels/gemv_tc_gluon.py): a verify step's few rows
+(or a small decode batch) by a weight of at most TC_MAX_N outputs, without bias, go on Hopper
+to a Gluon kernel whose programs keep a ring of weight units in shared memory filled by
+``cp.async``, the first units asked for before the PDL wait, multiplied with ``mma.sync``; it
+has the SwiGLU epilogue too. On the H200 it took the 4-token forward from 0.612 to 0.557 ms
+(135M) and from 1.554 to 1.363 ms (1.7B, its gate/up interleaved for the epilogue), verify4/1
+1.07 and 1.10 (BENCHMARKS.md, session 28). Preloaded tiles at 4 rows, multiplied in one dot or
+in a batch of eight (one slice of the reduction a warp), had lost (sessions 26 and 28).
+
 Streamed one-row products (``STREAM``, kernels/gemv_stream_triton.py): at one row a product
 that preloaded tiles do not cover (more than one wave) runs as one wave of programs that each
 load their first unit before the PDL wait and stream the rest through a register double buffer,
@@ -100,9 +109,6 @@ SWIGLU_MIN_K = 0
 # (benchmarks/gpu_decode.py --compare no_preload)
 PRELOAD = True
 PRELOAD_MAX_ROWS = 1
-# preloaded tiles for 2 .. this many rows multiply the whole tile in one ``tl.dot`` after the
-# wait (x padded to MAX_ROWS rows, as the pipelined loop pads it), not row by row; 0 or 1: off
-PRELOAD_DOT_MAX_ROWS = 0
 # the tile's registers: 16 x 2048 bf16 at 8 warps, 100 registers at one row (kept 16-bit until
 # multiplied: gemv_stream_triton.late_f32; 172 before session 23)
 PRELOAD_MAX_K = 2048
@@ -202,7 +208,7 @@ def tile_config(n: int, k: int, rows: int = 1) -> dict:
     (an o or down projection) split the reduction four ways (2048x6144: 10.0 us vs cuBLAS's
     own split-K 11.0 us; 2048x2048: 5.9 vs 6.8 unsplit).
     """
-    if (PRELOAD and rows <= max(PRELOAD_MAX_ROWS, PRELOAD_DOT_MAX_ROWS) and k <= PRELOAD_MAX_K
+    if (PRELOAD and rows <= PRELOAD_MAX_ROWS and k <= PRELOAD_MAX_K
             and -(-n // PRELOAD_BLOCK_N) <= PRELOAD_MAX_TILES):
         return dict(block_n=PRELOAD_BLOCK_N, block_k=triton.next_power_of_2(k), num_warps=8,
                     stages=1, split_k=1, preload=True)
@@ -280,8 +286,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, sx, sw, 
     nmask, mmask = n < N, m < M
     k_start = pid_k * K_SPLIT
     if PRELOAD:
-        acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, mmask, n, nmask, k_start, K, K_SPLIT,
-                              PRECISION, BLOCK_N, ROWS, PRELOAD, LATE, PDL)
+        acc = _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT,
+                              BLOCK_N, ROWS, PRELOAD == 1, LATE, PDL)
     else:
         if PREFETCH > 0 and pid_n + pid_k * tl.num_programs(0) < pf_programs:
             _prefetch_tile(w_ptr, N, sw, n, k_start, K, K_SPLIT, BLOCK_K, PREFETCH)
@@ -341,25 +347,19 @@ def _prefetch_tile(w_ptr, N, sw, n, k_start, K, K_SPLIT: tl.constexpr, BLOCK_K: 
 
 
 @triton.jit
-def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, mmask, n, nmask, k_start, K,
-                    K_SPLIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-                    ROWS: tl.constexpr, MODE: tl.constexpr, LATE: tl.constexpr,
-                    PDL: tl.constexpr):
-    """The same tile with the weight loaded whole before the PDL wait (module doc), then
-    (MODE 1, 2) each of the M rows of x multiplied and summed in float32, no padding rows, or
-    (MODE 3) all of them in one ``tl.dot`` with x padded to ROWS rows; either way a row's bits
-    do not depend on the rows beside it."""
+def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, n, nmask, k_start, K, K_SPLIT: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_ROW: tl.constexpr,
+                    LATE: tl.constexpr, PDL: tl.constexpr):
+    """The same tile with the weight loaded whole before the PDL wait (module doc), then each
+    of the M rows of x multiplied and summed in float32: no padding rows, and a row's bits do
+    not depend on the rows beside it."""
     k = k_start + tl.arange(0, K_SPLIT)
     kmask = k < K
     w = tl.load(w_ptr + n[:, None].to(tl.int64) * sw + k[None, :],
                 mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_wait(PDL)
     acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    if MODE == 3:
-        x = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                    other=0.0)
-        acc = _split_dot(x.to(w.dtype), w, PRECISION, BLOCK_N, ROWS, K_SPLIT)
-    elif MODE == 1:   # the tile stays 16-bit until it is multiplied: two programs fit an SM
+    if ONE_ROW:   # the tile stays 16-bit until it is multiplied: two programs fit an SM
         x0 = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         row = tl.sum(to_f32(w, LATE) * x0[None, :], axis=1)
         acc = tl.where(m[:, None] == 0, row[None, :], acc)
@@ -369,18 +369,6 @@ def _preloaded_tile(x_ptr, w_ptr, M, sx, sw, m, mmask, n, nmask, k_start, K,
             xi = tl.load(x_ptr + i * sx + k, mask=kmask, other=0.0).to(tl.float32)
             acc = tl.where(m[:, None] == i, tl.sum(wf * xi[None, :], axis=1)[None, :], acc)
     return acc
-
-
-@triton.jit
-def _split_dot(x, w, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-               K_SPLIT: tl.constexpr):
-    """``x [ROWS, K_SPLIT] @ w[BLOCK_N, K_SPLIT]^T`` as a batch of SLICES dots over
-    consecutive ranges of the reduction, one a warp, summed in float32 (a single dot would
-    give every warp the whole reduction)."""
-    SLICES: tl.constexpr = 8 if K_SPLIT >= 128 else 1
-    xs = tl.permute(tl.reshape(x, (ROWS, SLICES, K_SPLIT // SLICES)), (1, 0, 2))
-    ws = tl.permute(tl.reshape(w, (BLOCK_N, SLICES, K_SPLIT // SLICES)), (1, 2, 0))
-    return tl.sum(tl.dot(xs, ws, input_precision=PRECISION), axis=0)
 
 
 @triton.jit
@@ -470,18 +458,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         weight.stride(0), y.stride(0), pf_programs, K=K, K_SPLIT=k_split, SPLIT_K=split_k,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else None,
         BLOCK_N=block_n, BLOCK_K=block_k, ROWS=MAX_ROWS, STAGES=stages, num_warps=num_warps,
-        DEFER=defer, SWIGLU=swiglu, PRELOAD=_preload_mode(M) if preload else 0,
+        DEFER=defer, SWIGLU=swiglu, PRELOAD=(1 if M == 1 else 2) if preload else 0,
         LATE=x.is_cuda and weight.dtype == torch.bfloat16,
         PREFETCH=TILE_PREFETCH_STEPS if pf_programs else 0, **pdl.launch(x))
     return SplitKPartials(part, out_dtype or x.dtype) if defer else y
-
-
-def _preload_mode(rows: int) -> int:
-    """The preloaded tile's kernel MODE for ``rows`` rows of x: 1 one row, 3 one ``tl.dot``
-    (up to PRELOAD_DOT_MAX_ROWS rows), else 2 row by row."""
-    if rows == 1:
-        return 1
-    return 3 if rows <= PRELOAD_DOT_MAX_ROWS else 2
 
 
 def tc_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -15,7 +15,9 @@ loads its whole tile before the wait (kernels/gemv_triton.py, ``PRELOAD``), and 
 as one wave that loads its first unit before the wait and streams the rest, taking the norm or
 activation before it into its own programs (kernels/gemv_stream_triton.py, session 23), and the
 paged attention loads its first tile of keys and values before the wait (session 24;
-kernels/paged_attention_triton.py, ``EARLY_KV``); the q/k norm + RoPE kernel loading its
+kernels/paged_attention_triton.py, ``EARLY_KV``), and products of 2-8 rows stream their weight
+through a shared-memory ring whose first units are asked for before the wait (session 28,
+kernels/gemv_tc_gluon.py); the q/k norm + RoPE kernel loading its
 positions, weights and cos / sin rows there gained nothing (session 24). A PDL boundary
 (~0.9 us on the H200) is also cheaper than any signal through memory inside one persistent
 kernel (benchmarks/gpu_boundary.py, session 22). Letting the
