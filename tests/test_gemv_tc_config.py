@@ -55,5 +55,5 @@ def test_tc_kernel_compiles_for_sm90(k, block_k, stages, xr, swiglu):
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options=dict(num_warps=1)).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
-    assert ptx.find("cp.async.cg.shared.global") < wait
+    assert 0 <= ptx.find("cp.async.cg.shared.global") < wait
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx[wait:]

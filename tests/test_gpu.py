@@ -665,7 +665,7 @@ def test_deferred_split_k_sum_gives_the_same_bits(tmp_path, monkeypatch):
     """A split o / down product's partials summed by the next norm (gemv_triton.SplitKPartials)
     against the product summing them itself: tests/gemv_check.py's kernel check in bfloat16,
     then a tiny Llama whose o and down products split four ways (K = 2048; TC off, which would
-    take its products of 2-16 rows unsplit): prompt logits of 12
+    take its products of 2-8 rows unsplit): prompt logits of 12
     tokens (eager skinny products) bit-equal, and greedy tokens equal through CUDA graphs (no
     prefix caching: a second run would prefill only the uncached tail, through other products)."""
     import sys

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+              pytest.mark.skipif(not torch.cuda.is_available()
+                                 or torch.cuda.get_device_capability()[0] < 9,
+                                 reason="needs a Hopper or newer GPU (PDL)")]
 
 # the 135M and 1.7B q/k/v, o, gate/up and down weights, one of N not a multiple of 16, and a
-# tiny model's gate/up and o (a reduction of one unit)
+# tiny model's gate/up and o (K = 256: the shortest reduction tc_config halves into two units)
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 2048), (2048, 2048),
           (12288, 2048), (2048, 6144), (1000, 576), (4096, 256), (256, 2048)]
 ROWS = (2, 3, 4, 8, 9, 16)
@@ -54,7 +56,8 @@ def test_tc_products_match_float32_and_are_row_invariant(n, k):
 
 def test_tc_refuses_what_it_does_not_take():
     """``gemv_tc`` raises ValueError for 17 rows, float32, an odd number of rows under
-    ``swiglu``, and an x whose rows are not 16-byte aligned; ``gemv`` keeps its tiles for those,
+    ``swiglu``, an x whose rows are not 16-byte aligned, 4 accumulators, a unit not a power of
+    two, and a single unit (Triton 3.6 cannot build its loop); ``gemv`` keeps its tiles for those,
     for a bias, for float32 outputs and for more than TC_MAX_N outputs, and gives the same
     product within bf16 rounding."""
     from mtpserve.kernels import gemv_triton
@@ -65,7 +68,9 @@ def test_tc_refuses_what_it_does_not_take():
     xs = x[:4, 8:]   # rows 1040 bytes apart: a stride of 520, not a multiple of 16
     x4 = x[:4, :512].contiguous()
     bad = [lambda: gemv_tc(x[:, :512].contiguous(), w), lambda: gemv_tc(x4.float(), w.float()),
-           lambda: gemv_tc(x4, w[:255].contiguous(), swiglu=True), lambda: gemv_tc(xs, w)]
+           lambda: gemv_tc(x4, w[:255].contiguous(), swiglu=True), lambda: gemv_tc(xs, w),
+           lambda: gemv_tc(x4, w, nacc=4), lambda: gemv_tc(x4, w, block_k=96),
+           lambda: gemv_tc(x4, w, block_k=512)]
     for call in bad:
         with pytest.raises(ValueError, match="gemv_tc"):
             call()

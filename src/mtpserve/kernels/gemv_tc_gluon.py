@@ -11,8 +11,8 @@ flight). The weight's first ``STAGES`` units are asked for before the PDL wait, 
 before still runs, as the one-row streamed product does with its first unit
 (kernels/gemv_stream_triton.py); the rows of x follow after the wait, one chunk per unit. Each
 unit is multiplied with ``mma.sync.m16n8k16`` (weight rows as the A operand, ``x^T`` as B, the
-rows of x padded to ``XR``, 8 or 16) into ``NACC`` float32 accumulators over interleaved slices
-of the unit, summed in a fixed order at the end: a row's bits do not depend on the rows beside it.
+rows of x padded to ``XR``, 8 or 16) into ``NACC`` float32 accumulators, one a contiguous half
+of the unit (NACC 2), summed in a fixed order at the end: a row's bits do not depend on the rows beside it.
 
 Written in Gluon (``triton.experimental.gluon``, Triton 3.4+), Triton's layout-explicit
 language, which exposes shared memory, ``cp.async`` groups and ``mma_v2``; it builds with
@@ -182,7 +182,7 @@ def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: i
             num_warps: int = 1, nacc: int = 2, swiglu: bool = False,
             pdl: bool = True) -> torch.Tensor:
     """``x [M, K] @ weight [N, K]^T`` -> [M, N] in x's dtype, for 1 <= M <= 16 rows on CUDA
-    (sm_80+; PDL on sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K
+    (sm_80+ with ``pdl=False``; the default ``pdl=True`` needs sm_90+), ``x`` and ``weight`` of one 16-bit dtype, both contiguous along K
     with aligned rows (:func:`tc_takes`). Programs of ``num_warps`` warps own 16 x num_warps output
     features each; ``block_k`` (a power of two, >= 16 x nacc) inputs a unit, ``stages`` (>= 2) units in
     flight, ``nacc`` (1 or 2) accumulator chains, at least two units (K > block_k); inputs past
@@ -193,8 +193,8 @@ def gemv_tc(x: torch.Tensor, weight: torch.Tensor, block_k: int = 128, stages: i
     not take (:func:`tc_takes`)."""
     M, K = x.shape
     N = weight.shape[0]
-    if (not tc_takes(x, weight) or block_k % (16 * nacc) or stages < 2 or K <= block_k
-            or (swiglu and N % 2)):
+    if (not tc_takes(x, weight) or nacc not in (1, 2) or block_k & (block_k - 1)
+            or block_k % (16 * nacc) or stages < 2 or K <= block_k or (swiglu and N % 2)):
         raise ValueError(f"gemv_tc: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
                          f"{weight.dtype}, block_k {block_k}, nacc {nacc}, swiglu {swiglu}")
     y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)

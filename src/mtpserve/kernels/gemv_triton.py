@@ -77,9 +77,9 @@ from mtpserve.kernels.gemv_stream_triton import gemv_stream, sm_count, to_f32
 from mtpserve.kernels.jit_options import unspecialized
 from mtpserve.kernels.pdl import pdl_wait
 
-try:   # Gluon (triton.experimental.gluon) is in Triton 3.4 and later
+try:   # Gluon (triton.experimental.gluon) is in Triton 3.4 and later; its API still moves
     from mtpserve.kernels.gemv_tc_gluon import gemv_tc, tc_config, tc_takes
-except ImportError:
+except (ImportError, AttributeError):
     gemv_tc = tc_config = tc_takes = None
 
 # most rows of x this kernel takes; larger products go to cuBLAS
@@ -150,7 +150,8 @@ TC = os.environ.get("MTPSERVE_GEMV_TC", "1") != "0"
 # ... up to 8 rows: at 16 (16 requests decoding) the tiles gave the 1.7B 10028-10108 tok/s
 # against 9271-9351 with the stream (runs 4-5); a verify of 2 requests x 4 tokens still takes it
 TC_MAX_ROWS = 8
-# ... not the LM heads (151936 outputs), which the tiles read at ~4.3 TB/s
+# ... nor past this many outputs: a 151936-row LM head (which the tiles read at ~4.3 TB/s;
+# the model's asks for float32 logits, which also keeps it on the tiles) was never timed there
 TC_MAX_N = 32768
 # on: a streamed one-row product may take its input's residual add + RMSNorm or SiLU-and-mul in
 # its own programs (``gemv_fused_input``; models/llama.py), one kernel fewer each
@@ -404,7 +405,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ``out_dtype`` (default x's dtype). ``split_k`` > 1 splits the reduction over that
     many programs per output tile, summed in a fixed order by the last (kernels/arrival.py).
     Tile sizes default to :func:`tile_config`; for given tiles the result of a row does not
-    depend on M (the default tiles change past ``PRELOAD_MAX_ROWS`` rows).
+    depend on M (the default kernel changes past ``PRELOAD_MAX_ROWS`` rows, to the tensor-core
+    stream where :func:`tc_fits`, and past ``TC_MAX_ROWS`` back to the tiles, so a row's bits
+    differ between those ranges).
     ``defer_sum`` (no bias, DEFER_SUM on): a split product returns its partials as
     :class:`SplitKPartials` for the consumer to sum; an unsplit one returns the tensor.
     ``swiglu``: ``weight`` is a gate/up weight [2I, K] with rows interleaved (gate j, up j);

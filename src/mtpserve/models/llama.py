@@ -140,8 +140,9 @@ class LlamaMLP(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """After the checkpoint is loaded (engine/model_runner.py), where the Triton kernels run
-        (CUDA), where the SwiGLU epilogue pays (``gemv_triton.swiglu_fits``: not at the 1.7B
-        shape, which keeps the checkpoint's order and its kernels): reorder this rank's gate/up
+        (CUDA), where the SwiGLU epilogue pays (``gemv_triton.swiglu_fits``: every even, unsplit
+        gate/up weight since session 28; SWIGLU_MIN_K 4096 keeps the 1.7B's in the checkpoint's
+        order, as before): reorder this rank's gate/up
         rows in place so that row 2j is gate row j and row 2j + 1 up row j (one temporary copy
         of the layer's weight). Only a bias-free weight that a one-row product would send to the
         skinny kernel qualifies (``use_gemv``: 16-bit, CUDA with Triton, ``gemv_triton.ENABLED``):
