@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gemv_check import _rel
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available()
@@ -16,10 +17,6 @@ pytestmark = [pytest.mark.gpu,
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 2048), (2048, 2048),
           (12288, 2048), (2048, 6144), (1000, 576), (4096, 256), (256, 2048)]
 ROWS = (2, 3, 4, 8, 9, 16)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.mark.parametrize("n, k", SHAPES)
