@@ -189,6 +189,12 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s29a)     # session 29: the tc GPU tests after _copy_w / _copy_x became one _copy_rows; the hybrid's decode, 4-token forward and MTP step (full head, FR-Spec over 32k ids) to set against benchmarks/verify_bytes.py's floors; its forward and step traces
+  timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
+  timeout 180 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 \
+    --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -8
+  bash "$0" s27hybrid
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -48,25 +48,16 @@ def _pdl_wait(PDL: gl.constexpr):
 
 
 @gluon.jit
-def _copy_w(w_ptr, w_smem, tile, u, N, K, sw, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-            STAGES: gl.constexpr, LOAD: gl.constexpr):
-    """Start copying weight unit ``u`` of this program's tile (rows past N read as zero) into
-    ring slot ``u % STAGES``."""
-    rows = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
+def _copy_rows(ptr, smem, row0, rows_valid, u, K, stride, ROWS: gl.constexpr,
+               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, LOAD: gl.constexpr):
+    """Start copying unit ``u`` (columns ``u * BLOCK_K`` on) of rows ``row0 .. row0 + ROWS``
+    of a row-major matrix (rows from ``rows_valid`` on and columns past K read as zero) into
+    ring slot ``u % STAGES``: a program's weight tile, or x's rows."""
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LOAD))
     cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
-    ptrs = w_ptr + rows[:, None].to(gl.int64) * sw + cols[None, :]
-    _async_load(w_smem.index(u % STAGES), ptrs, mask=(rows < N)[:, None] & (cols < K)[None, :])
-
-
-@gluon.jit
-def _copy_x(x_ptr, x_smem, u, M, K, sx, XR: gl.constexpr, BLOCK_K: gl.constexpr,
-            STAGES: gl.constexpr, LOAD: gl.constexpr):
-    """Start copying chunk ``u`` of x's rows (rows past M read as zero) into ring slot
-    ``u % STAGES``."""
-    rows = gl.arange(0, XR, layout=gl.SliceLayout(1, LOAD))
-    cols = u * BLOCK_K + gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LOAD))
-    ptrs = x_ptr + rows[:, None] * sx + cols[None, :]
-    _async_load(x_smem.index(u % STAGES), ptrs, mask=(rows < M)[:, None] & (cols < K)[None, :])
+    ptrs = ptr + rows[:, None].to(gl.int64) * stride + cols[None, :]
+    _async_load(smem.index(u % STAGES), ptrs,
+                mask=(rows < rows_valid)[:, None] & (cols < K)[None, :])
 
 
 @gluon.jit
@@ -128,11 +119,12 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: 
     x_smem = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, XR, BLOCK_K], SMEM)
     for first in gl.static_range(STAGES):
         if first < U:
-            _copy_w(w_ptr, w_smem, tile, first, N, K, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
+            _copy_rows(w_ptr, w_smem, tile * BLOCK_N, N, first, K, sw, BLOCK_N, BLOCK_K, STAGES,
+                       LOAD)
     _pdl_wait(PDL)
     for first in gl.static_range(STAGES):
         if first < U:
-            _copy_x(x_ptr, x_smem, first, M, K, sx, XR, BLOCK_K, STAGES, LOAD)
+            _copy_rows(x_ptr, x_smem, 0, M, first, K, sx, XR, BLOCK_K, STAGES, LOAD)
     async_copy.commit_group()
     acc0 = gl.zeros([BLOCK_N, XR], gl.float32, layout=MMA)
     acc1 = gl.zeros([BLOCK_N, XR], gl.float32, layout=MMA)
@@ -149,8 +141,9 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, M, N, sx, sw, sy, K: gl.constexpr, BLOCK_K: 
             acc1 = _unit_mma(w_smem, x_smem, s, acc1, 1, NACC, BLOCK_K, MMA)
         _cta_barrier()
         if u + STAGES < U:
-            _copy_w(w_ptr, w_smem, tile, u + STAGES, N, K, sw, BLOCK_N, BLOCK_K, STAGES, LOAD)
-            _copy_x(x_ptr, x_smem, u + STAGES, M, K, sx, XR, BLOCK_K, STAGES, LOAD)
+            _copy_rows(w_ptr, w_smem, tile * BLOCK_N, N, u + STAGES, K, sw, BLOCK_N, BLOCK_K,
+                       STAGES, LOAD)
+            _copy_rows(x_ptr, x_smem, 0, M, u + STAGES, K, sx, XR, BLOCK_K, STAGES, LOAD)
         async_copy.commit_group()
     if NACC == 2:
         acc0 = acc0 + acc1
