@@ -10,8 +10,8 @@ of Q tokens of one sequence: Q=1 decode, Q=4 verify of 3 drafts) and ``DIR/<shap
 stdout: device time of all kernels, number of kernel launches, wall time of the eager forward.
 ``--step-trace B`` profiles whole engine steps with CUDA graphs on and B requests decoding
 (hybrid shapes: also with MTP k=3; with ``--token-map-size N`` also with MTP drafts through
-the FR-Spec head over ids 0..N-1): wall ms per step, unprofiled and profiled, against the
-device-busy ms per step (union of kernel intervals), so the host-bound share shows; writes
+the FR-Spec head over ids 0..N-1): wall ms per step, unprofiled and profiled, and the
+unprofiled host's waits in read-backs (:func:`host_waits`), against the device-busy ms per step (union of kernel intervals), so the host-bound share shows; writes
 ``DIR/<shape>[-mtp|-mtp-fr]-steps-b<B>.txt``, its ``-chain.txt`` (what each kernel adds to the
 step's span under PDL: :func:`chain_table`) and its ``-gaps.txt`` (where the device idles
 waiting for the host: :func:`gap_table`).
@@ -30,6 +30,7 @@ in each engine phase (cProfile cumulative times).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -228,6 +229,30 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else name[:45] + "..."
 
 
+@contextlib.contextmanager
+def host_waits():
+    """Count the seconds the host spends in ``torch.cuda.Event.synchronize`` and in
+    ``Tensor.tolist`` (the engine's read-backs wait there): yields a one-element list that
+    holds the total when the body is done."""
+    total = [0.0]
+    sync, tolist = torch.cuda.Event.synchronize, torch.Tensor.tolist
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - t
+        return wrapper
+
+    torch.cuda.Event.synchronize, torch.Tensor.tolist = timed(sync), timed(tolist)
+    try:
+        yield total
+    finally:
+        torch.cuda.Event.synchronize, torch.Tensor.tolist = sync, tolist
+
+
 def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]]:
     """(file tag, speculative config) of the step traces: plain, MTP k=3, and with ``map_size``
     MTP k=3 through the FR-Spec head over ids 0..map_size-1 (its token map written in ``tmp``)."""
@@ -245,7 +270,7 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
-    p = SamplingParams(max_tokens=3 * steps + 20, temperature=0.0, ignore_eos=True)
+    p = SamplingParams(max_tokens=4 * steps + 20, temperature=0.0, ignore_eos=True)
     for i in range(n_req):
         eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
     while eng.scheduler.waiting or any(x.in_prefill for x in eng.scheduler.running):
@@ -258,6 +283,10 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
         eng.step()
     torch.cuda.synchronize()
     wall_plain = (time.perf_counter() - t) / steps
+    with host_waits() as waited:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(steps):
@@ -278,7 +307,8 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     eng.runner.graphs = None
     label = "" if spec is None else " nextn k=3" + (" FR-Spec" if spec.token_map else "")
     return (f"{shape} b{n_req}{label}: {wall_plain * 1e3:.3f} ms/step wall ({wall * 1e3:.3f} "
-            f"profiled), device busy {busy / 1e3:.3f} ms/step, "
+            f"profiled; the host waited {waited[0] / steps * 1e3:.3f} ms/step in read-backs, "
+            f"unprofiled), device busy {busy / 1e3:.3f} ms/step, "
             f"{len(kernels) / steps:.0f} kernels/step; cProfile ms/step: "
             + ", ".join(f"{k} {v:.3f}" for k, v in host.items()))
 
