@@ -253,6 +253,46 @@ def host_waits():
         torch.cuda.Event.synchronize, torch.Tensor.tolist = sync, tolist
 
 
+HOST_PHASES = (("", ("step", "_sync_step", "_verify", "_postprocess", "_record_for_policy")),
+               ("scheduler", ("schedule",)), ("runner", ("prepare", "execute")),
+               ("proposer", ("propose", "patch_inputs", "resolve_drafts", "verify_ahead",
+                             "observe", "_forward")),
+               ("proposer.chain", ("run_variants", "run")),
+               ("stats_logger", ("step",)), ("step_timer", ("record",)))
+
+
+@contextlib.contextmanager
+def host_phases(eng):
+    """Time, unprofiled, the engine's phases (``HOST_PHASES``: attribute path from the engine,
+    method names) by wrapping them on their instances with ``time.perf_counter``; yields a dict
+    "path.method" -> seconds, inclusive of what they call, filled as the body runs."""
+    totals: dict[str, float] = {}
+    undo = []
+    for path, names in HOST_PHASES:
+        obj = eng
+        for part in filter(None, path.split(".")):
+            obj = getattr(obj, part, None)
+        for name in names:
+            fn = getattr(obj, name, None) if obj is not None else None
+            if fn is None:
+                continue
+            key = f"{path}.{name}".lstrip(".")
+
+            def wrapper(*args, _fn=fn, _key=key, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return _fn(*args, **kwargs)
+                finally:
+                    totals[_key] = totals.get(_key, 0.0) + time.perf_counter() - t
+            setattr(obj, name, wrapper)
+            undo.append((obj, name))
+    try:
+        yield totals
+    finally:
+        for obj, name in undo:
+            delattr(obj, name)
+
+
 def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]]:
     """(file tag, speculative config) of the step traces: plain, MTP k=3, and with ``map_size``
     MTP k=3 through the FR-Spec head over ids 0..map_size-1 (its token map written in ``tmp``)."""
@@ -283,10 +323,15 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
         eng.step()
     torch.cuda.synchronize()
     wall_plain = (time.perf_counter() - t) / steps
-    with host_waits() as waited:
+    with host_waits() as waited, host_phases(eng) as phases:
         for _ in range(steps):
             eng.step()
         torch.cuda.synchronize()
+    with open(path.replace(".txt", "-phases.txt"), "w") as f:
+        f.write("unprofiled host ms per step, inclusive, by engine phase\n")
+        f.write(f"{'waits in read-backs':>36} {waited[0] / steps * 1e3:8.3f}\n")
+        for key, sec in sorted(phases.items(), key=lambda kv: -kv[1]):
+            f.write(f"{key:>36} {sec / steps * 1e3:8.3f}\n")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(steps):
