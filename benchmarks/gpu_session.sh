@@ -204,6 +204,12 @@ s29b)     # session 29 (carry part-ab, right after s26real_a): the real-model GP
     | grep -v "it/s" | tail -4
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;
+s29c)     # session 29: the dense shapes' decode and 4-token forward after _copy_rows (one helper for the tc stream's weight and x copies), then the 1.7B time to ready from an empty Triton cache
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes smollm2-135m qwen3-1.7b --json "$OUT/gpu_decode.json" 2>&1 \
+    | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -4
+  timeout 100 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ckpt-1.7b \
+    --json "$OUT/ready-1.7b.json" 2>&1 | tail -1
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
