@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import io
 import json
 import os
@@ -253,6 +254,28 @@ def host_waits():
         torch.cuda.Event.synchronize, torch.Tensor.tolist = sync, tolist
 
 
+@contextlib.contextmanager
+def gc_pauses():
+    """Count Python's garbage collections while the body runs: yields a dict generation ->
+    [collections, seconds], filled through ``gc.callbacks``."""
+    seen: dict[int, list] = {}
+    started = [0.0]
+
+    def callback(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            row = seen.setdefault(info["generation"], [0, 0.0])
+            row[0] += 1
+            row[1] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(callback)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(callback)
+
+
 HOST_PHASES = (("", ("step", "_sync_step", "_verify", "_postprocess", "_record_for_policy")),
                ("scheduler", ("schedule",)), ("runner", ("prepare", "execute")),
                ("proposer", ("propose", "patch_inputs", "resolve_drafts", "verify_ahead",
@@ -306,10 +329,16 @@ def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]
     return out
 
 
+GC_FREEZE = False   # --gc-freeze: step traces move everything alive after warm-up out of GC's reach
+
+
 def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) -> str:
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
+    if GC_FREEZE:
+        gc.collect()
+        gc.freeze()
     p = SamplingParams(max_tokens=4 * steps + 20, temperature=0.0, ignore_eos=True)
     for i in range(n_req):
         eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
@@ -323,13 +352,15 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
         eng.step()
     torch.cuda.synchronize()
     wall_plain = (time.perf_counter() - t) / steps
-    with host_waits() as waited, host_phases(eng) as phases:
+    with host_waits() as waited, host_phases(eng) as phases, gc_pauses() as pauses:
         for _ in range(steps):
             eng.step()
         torch.cuda.synchronize()
     with open(path.replace(".txt", "-phases.txt"), "w") as f:
         f.write("unprofiled host ms per step, inclusive, by engine phase\n")
         f.write(f"{'waits in read-backs':>36} {waited[0] / steps * 1e3:8.3f}\n")
+        for gen, (n, sec) in sorted(pauses.items()):
+            f.write(f"{f'garbage collections, gen {gen} ({n})':>36} {sec / steps * 1e3:8.3f}\n")
         for key, sec in sorted(phases.items(), key=lambda kv: -kv[1]):
             f.write(f"{key:>36} {sec / steps * 1e3:8.3f}\n")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -426,11 +457,15 @@ def main() -> None:
     ap.add_argument("--token-map-size", type=int, metavar="N",
                     help="--step-trace: hybrid shapes also with MTP drafts through the FR-Spec "
                          "head over ids 0..N-1 (files <shape>-mtp-fr-steps-b<B>*)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="--step-trace: gc.freeze() after each engine's warm-up")
     ap.add_argument("--prefill", type=int, nargs="+", metavar="Q",
                     help="profile eager prefill forwards of Q tokens of one sequence")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
                     help="set a module constant before the engines are built (as gpu_decode.py)")
     a = ap.parse_args()
+    global GC_FREEZE
+    GC_FREEZE = a.gc_freeze
     for spec in a.set:
         set_constant(spec)
     if a.prefill:
