@@ -329,16 +329,10 @@ def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]
     return out
 
 
-GC_FREEZE = False   # --gc-freeze: step traces move everything alive after warm-up out of GC's reach
-
-
 def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) -> str:
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
-    if GC_FREEZE:
-        gc.collect()
-        gc.freeze()
     p = SamplingParams(max_tokens=4 * steps + 20, temperature=0.0, ignore_eos=True)
     for i in range(n_req):
         eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
@@ -457,15 +451,11 @@ def main() -> None:
     ap.add_argument("--token-map-size", type=int, metavar="N",
                     help="--step-trace: hybrid shapes also with MTP drafts through the FR-Spec "
                          "head over ids 0..N-1 (files <shape>-mtp-fr-steps-b<B>*)")
-    ap.add_argument("--gc-freeze", action="store_true",
-                    help="--step-trace: gc.freeze() after each engine's warm-up")
     ap.add_argument("--prefill", type=int, nargs="+", metavar="Q",
                     help="profile eager prefill forwards of Q tokens of one sequence")
     ap.add_argument("--set", nargs="+", default=[], metavar="MODULE:ATTR:VALUE",
                     help="set a module constant before the engines are built (as gpu_decode.py)")
     a = ap.parse_args()
-    global GC_FREEZE
-    GC_FREEZE = a.gc_freeze
     for spec in a.set:
         set_constant(spec)
     if a.prefill:
