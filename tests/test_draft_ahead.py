@@ -41,6 +41,10 @@ def test_acceptance_is_the_longest_matching_prefix():
     all_match = greedy_acceptance(torch.tensor([7, 8, 9, 3]), torch.tensor([1, 7, 8, 9]),
                                   [0], [0], [3], 3)
     assert all_match.tolist() == [3]
+    # two sequences of 3 drafts back to back (compared as views): 1 and 3 accepted
+    two = greedy_acceptance(torch.tensor([7, 5, 1, 1, 4, 3, 2, 8]),
+                            torch.tensor([9, 7, 6, 1, 9, 4, 3, 2]), [0, 4], [0, 4], [3, 3], 3)
+    assert two.tolist() == [1, 3]
     # decode rows without drafts (first and last in the batch) accept nothing
     mixed = greedy_acceptance(torch.tensor([5, 7, 8, 6]), torch.tensor([9, 1, 7, 7]),
                               [0, 1, 3], [0, 1, 3], [0, 2, 0], 2)

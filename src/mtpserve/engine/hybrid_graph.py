@@ -98,16 +98,49 @@ class HybridGraphRunner(CudaGraphRunner):
         longest query), replay, gather; return (hidden [T, H], logits [N, V])."""
         key = self._key_for(batch)
         g, (Bg, Q) = self.graphs[key], key
+        s, meta = g.batch, batch.extra["linear_attn"]
+        B = len(batch.query_lens_cpu)
+        full = B == Bg and all(q == Q for q in batch.query_lens_cpu)
+        where_t = self._fill_full(g, batch, Q) if full else self._fill_padded(g, batch, Bg, Q)
+        s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
+        slots = s.extra["linear_attn"].slots
+        slots[:B].copy_(meta.slots)
+        if B < Bg:
+            slots[B:].fill_(self.runner.state_cache.pad_slot)
+        g.graph.replay()
+        if where_t is None:   # the block is the batch: copies, not views of the graph's outputs
+            return g.hidden[:batch.num_tokens].clone(), g.logits[batch.logits_indices]
+        return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]
+
+    def _scratch_rows(self, batch: ForwardBatch, Bg: int) -> list[int]:
+        pad_row = self.runner.state_cache.pad_scratch_row
+        rows = batch.extra["linear_attn"].scratch_rows
+        return [r if r >= 0 else pad_row for r in rows] + [pad_row] * (Bg - len(rows))
+
+    def _fill_full(self, g, batch: ForwardBatch, Q: int) -> None:
+        """Inputs of a step that fills the graph's block (every sequence Q tokens): straight
+        copies, one upload of the scratch rows (verify graphs only)."""
+        s, plan = g.batch, g.batch.extra["gdn_plan"]
+        for buf, src in ((s.input_ids, batch.input_ids), (s.positions, batch.positions),
+                         (s.slot_mapping, batch.slot_mapping), (s.attn.kv_len, batch.attn.kv_len)):
+            buf.copy_(src)
+        plan.last.fill_(Q - 1)
+        if plan.token_mask is not None:
+            rows = self._scratch_rows(batch, len(batch.query_lens_cpu))
+            plan.scratch_rows.copy_(to_device(rows, torch.int64, s.input_ids.device))
+            plan.token_mask.fill_(1.0)
+        return None
+
+    def _fill_padded(self, g, batch: ForwardBatch, Bg: int, Q: int) -> torch.Tensor:
+        """Inputs of a step of fewer sequences or shorter queries than the block: each real
+        token scattered to its row; returns those rows [T] int64 on the device."""
         s, plan, qlens = g.batch, g.batch.extra["gdn_plan"], batch.query_lens_cpu
         B, dev = len(qlens), s.input_ids.device
-        meta = batch.extra["linear_attn"]
         # host lists -> one copy: each real token's row in the block, each sequence's last
         # token and scratch row
         where = [b * Q + i for b, q in enumerate(qlens) for i in range(q)]
         last = [q - 1 for q in qlens] + [Q - 1] * (Bg - B)
-        pad_row = self.runner.state_cache.pad_scratch_row
-        rows = [r if r >= 0 else pad_row for r in meta.scratch_rows] + [pad_row] * (Bg - B)
-        host = to_device(where + last + rows, torch.int64, dev)
+        host = to_device(where + last + self._scratch_rows(batch, Bg), torch.int64, dev)
         where_t, T = host[:len(where)], len(where)
         for buf, src, fill in ((s.input_ids, batch.input_ids, 0),
                                (s.positions, batch.positions, 0),
@@ -115,14 +148,9 @@ class HybridGraphRunner(CudaGraphRunner):
                                (s.attn.kv_len, batch.attn.kv_len, 1)):
             buf.fill_(fill)
             buf.index_copy_(0, where_t, src.to(buf.dtype))
-        s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
-        slots = s.extra["linear_attn"].slots
-        slots[:B].copy_(meta.slots)
-        slots[B:].fill_(self.runner.state_cache.pad_slot)
         plan.last.copy_(host[T:T + Bg])
         if plan.token_mask is not None:
             plan.scratch_rows.copy_(host[T + Bg:])
             plan.token_mask.zero_()
             plan.token_mask.index_fill_(0, where_t, 1.0)
-        g.graph.replay()
-        return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]
+        return where_t

@@ -135,6 +135,10 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
         accepted [B] int64: the longest prefix of drafts with ``draft i == target at i``.
     """
     B, n = len(token_firsts), len(token_firsts) * k
+    if _uniform(targets, input_ids, target_firsts, token_firsts, num_drafts, k):
+        # every sequence verifies k drafts, back to back: compare views, upload nothing
+        match = input_ids.view(B, k + 1)[:, 1:] == targets.view(B, k + 1)[:, :k]
+        return match.long().cumprod(1).sum(1)
     # row i of a sequence compares its target at logits row cur with its draft at token nxt
     # (indices kept inside the sequence's rows where i has no draft: masked out by valid)
     cur, nxt, valid = [], [], []
@@ -148,6 +152,16 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
     cur_t, nxt_t, valid_t = up[:n], up[n:2 * n], up[2 * n:].bool()
     match = (input_ids.index_select(0, nxt_t) == targets.index_select(0, cur_t)) & valid_t
     return match.view(B, k).long().cumprod(1).sum(1)
+
+
+def _uniform(targets: torch.Tensor, input_ids: torch.Tensor, target_firsts: list[int],
+             token_firsts: list[int], num_drafts: list[int], k: int) -> bool:
+    """Whether the batch is only sequences of 1 + k tokens, each with a logits row per token,
+    in order (a verify step of k drafts everywhere): then row b's tokens and logits rows are
+    b (k + 1) .. b (k + 1) + k."""
+    n = len(token_firsts) * (k + 1)
+    return (targets.shape[0] == input_ids.shape[0] == n and all(m == k for m in num_drafts)
+            and target_firsts == token_firsts == list(range(0, n, k + 1)))
 
 
 class AheadStep:

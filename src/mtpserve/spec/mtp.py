@@ -245,7 +245,8 @@ class MTPProposer(Proposer):
         obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, _, st, _), m
                                in zip(work, counts)])
         y = self._forward(obs, h, input_ids=ids)
-        pick = to_device(obs_f, torch.int64, y.device) + accepted
+        # row b's accepted position in the observe batch (one row: the acceptance itself)
+        pick = accepted if len(obs_f) == 1 else to_device(obs_f, torch.int64, y.device) + accepted
         ahead.hidden = y.index_select(0, pick)
         variants = [[chain_row(seq, st.shadow.block_table, b, v) for _, seq, st, b in work]
                     for v in range(max(counts) + 1)]

@@ -172,13 +172,17 @@ class DraftChain:
         width = max(table_width(rows, r.block_size) for rows in variants)
         plans = [plan_chain(rows, steps, P, r.block_size, r.pad_slot, width) for rows in variants]
         dev, V = r.device, len(plans)
-        i64 = to_device([x for p in plans for x in p.i64], torch.int64, dev).view(V, -1)
-        n32 = len(plans[0].i32)
-        up = to_device([x for p in plans for x in p.i32] + plans[0].tables, torch.int32, dev)
-        i32, tables = up[:V * n32].view(V, n32), up[V * n32:].view(B, width)
+        n64, n32 = len(plans[0].i64), len(plans[0].i32)
+        # one upload: every variant's int64 lists, then their int32 lists and the tables
+        up = to_device([x for p in plans for x in p.i64] + [x for p in plans for x in p.i32]
+                       + plans[0].tables, torch.int64, dev)
+        small = up[V * n64:].to(torch.int32)
+        i32, tables = small[:V * n32].view(V, n32 // P, P), small[V * n32:].view(B, width)
         pick = accepted if P == B else torch.cat([accepted, accepted.new_zeros(P - B)])
-        i64 = i64.gather(0, pick.repeat(i64.shape[1] // P).view(1, -1)).view(-1)
-        i32 = i32.gather(0, pick.repeat(n32 // P).view(1, -1)).view(-1)
+        # row p (the innermost axis of every list) takes variant pick[p]
+        i64 = up[:V * n64].view(V, n64 // P, P)
+        i64 = i64.gather(0, pick.view(1, 1, P).expand(1, n64 // P, P)).view(-1)
+        i32 = i32.gather(0, pick.view(1, 1, P).expand(1, n32 // P, P)).view(-1)
         if graph:
             return g.run_selected(hidden, i64, i32, tables)
         inputs = ChainInputs.view(i64, i32, tables, P, steps)
