@@ -210,6 +210,15 @@ s29c)     # session 29: the dense shapes' decode and 4-token forward after _copy
   timeout 100 python3 benchmarks/gpu_ready.py --shape qwen3-1.7b --starts 1 --checkpoint /tmp/ckpt-1.7b \
     --json "$OUT/ready-1.7b.json" 2>&1 | tail -1
   ;;
+s29d)     # session 29: after the MTP step's host work was cut (acceptance as views, one-row pick, the chain variants in one upload, straight copies into a filled graph block, drafts patched in one copy): the hybrid / MTP GPU tests, the hybrid's step traces by host phase, its decode and MTP steps
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  mkdir -p /tmp/res
+  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep qwen3 | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 \
+    --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -3
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;

@@ -47,3 +47,20 @@ def test_a_drafted_sequence_left_out_of_the_step_is_not_patched():
     pending.resolve(sched)
     assert batch.input_ids.tolist() == [104, 7, 8]
     assert a.draft_token_ids == [7, 8] and b.draft_token_ids == []
+
+
+def test_sequences_in_row_order_with_every_draft_are_patched_in_one_copy():
+    a, b = seq("a", 5, 4), seq("b", 3, 2)
+    pending = PendingDrafts(torch.tensor([[7, 8], [9, 10], [5, 6]]), [a, b], [2, 2])
+    sched = SchedulerOutput([ScheduledSeq(a, 1, a.draft_token_ids[:]),
+                             ScheduledSeq(b, 1, b.draft_token_ids[:])])
+    assert pending._in_order(sched, 2)
+    batch = SimpleNamespace(input_ids=torch.tensor([104, 0, 0, 102, 0, 0]))
+    pending.patch(batch, sched)
+    assert batch.input_ids.tolist() == [104, 7, 8, 102, 9, 10]
+    # the same sequences in the other order take the general path, to the same effect
+    swapped = SchedulerOutput(sched.scheduled[::-1])
+    assert not pending._in_order(swapped, 2)
+    batch = SimpleNamespace(input_ids=torch.tensor([102, 0, 0, 104, 0, 0]))
+    pending.patch(batch, swapped)
+    assert batch.input_ids.tolist() == [102, 9, 10, 104, 7, 8]

@@ -174,11 +174,12 @@ class CudaGraphRunner:
         s.input_ids[:T].copy_(batch.input_ids)
         s.positions[:T].copy_(batch.positions)
         s.slot_mapping[:T].copy_(batch.slot_mapping)
-        s.slot_mapping[T:].fill_(self.runner.pad_slot)
         s.attn.table_row[:T].copy_(m.table_row)
-        s.attn.table_row[T:].zero_()
         s.attn.kv_len[:T].copy_(m.kv_len)
-        s.attn.kv_len[T:].fill_(1)
+        if T < s.input_ids.shape[0]:   # padding tokens: the pad slot, one key of table row 0
+            s.slot_mapping[T:].fill_(self.runner.pad_slot)
+            s.attn.table_row[T:].zero_()
+            s.attn.kv_len[T:].fill_(1)
         s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
         g.graph.replay()
         return g.hidden[:T], g.logits[batch.logits_indices]

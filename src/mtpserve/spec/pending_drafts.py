@@ -44,6 +44,10 @@ class PendingDrafts:
         (``prepare`` laid out each sequence's new tokens, then its scheduled drafts, which the
         scheduler may have cut to a prefix). One host-to-device copy of the indices."""
         m = self.drafts.shape[1]
+        if self._in_order(sched, m):   # row i = the i-th sequence, 1 + m tokens each: one copy
+            B = len(sched.scheduled)
+            batch.input_ids.view(B, 1 + m)[:, 1:].copy_(self.drafts[:B])
+            return
         dst, src, offset = [], [], 0
         for s in sched.scheduled:
             row = self.rows.get(s.seq.request_id)
@@ -56,6 +60,14 @@ class PendingDrafts:
             idx = to_device(dst + src, torch.int64, batch.input_ids.device)
             values = self.drafts.reshape(-1).index_select(0, idx[len(dst):])
             batch.input_ids.index_copy_(0, idx[:len(dst)], values)
+
+    def _in_order(self, sched: SchedulerOutput, m: int) -> bool:
+        """Whether the step is exactly the drafted sequences in row order, each its newest
+        token and all ``m`` drafts (its batch rows ``i (1 + m) ..`` hold them back to back)."""
+        return len(sched.scheduled) <= self.drafts.shape[0] and all(
+            self.rows.get(s.seq.request_id) == i and s.num_new_tokens == 1
+            and len(s.draft_token_ids) == m and s.num_query_tokens == 1 + m
+            for i, s in enumerate(sched.scheduled))
 
     def resolve(self, sched: SchedulerOutput) -> None:
         """Replace the placeholders of the drafted sequences scheduled this step, and of their
