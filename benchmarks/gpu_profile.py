@@ -11,10 +11,13 @@ stdout: device time of all kernels, number of kernel launches, wall time of the 
 ``--step-trace B`` profiles whole engine steps with CUDA graphs on and B requests decoding
 (hybrid shapes: also with MTP k=3; with ``--token-map-size N`` also with MTP drafts through
 the FR-Spec head over ids 0..N-1): wall ms per step, unprofiled and profiled, and the
-unprofiled host's waits in read-backs (:func:`host_waits`), against the device-busy ms per step (union of kernel intervals), so the host-bound share shows; writes
+unprofiled host's waits in read-backs (:func:`host_waits`), against the device-busy ms per
+step (union of kernel intervals), so the host-bound share shows; writes
 ``DIR/<shape>[-mtp|-mtp-fr]-steps-b<B>.txt``, its ``-chain.txt`` (what each kernel adds to the
-step's span under PDL: :func:`chain_table`) and its ``-gaps.txt`` (where the device idles
-waiting for the host: :func:`gap_table`).
+step's span under PDL: :func:`chain_table`), its ``-gaps.txt`` (where the device idles
+waiting for the host: :func:`gap_table`) and its ``-phases.txt`` (the unprofiled host's
+milliseconds by engine phase, :func:`host_phases`, and Python's garbage collections,
+:func:`gc_pauses`).
 ``--forward-trace`` profiles graph-replayed forwards of 1 and 4 tokens of one sequence (no
 draft step; a hybrid shape is built with MTP so that it has the recurrent-state scratch of a
 4-token forward) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
