@@ -64,6 +64,10 @@ def test_step_bytes_and_floors(groups):
     assert full.drafts == 3 * (mtp_pass + groups.head)
     assert mapped.drafts == 3 * (mtp_pass + 32768 * 2048 * 2)
     assert mapped.step == 4_258_465_152
-    # at 4.8 TB/s over a 1.197 ms decode step: (4.258 - 2.076) GB / 4.8 TB/s = 0.455 ms more
-    assert vb.ratio_floor(mapped, 1.197, 4.8e12) == pytest.approx(1.3799, abs=1e-4)
-    assert vb.ratio_floor(full, 1.197, 4.8e12) == pytest.approx(1.6348, abs=1e-4)
+    # after a 1.197 ms decode step's worth of verify, the drafts at 4.8 TB/s:
+    # 0.787 GB -> 0.164 ms (FR-Spec), 2.252 GB -> 0.469 ms (full head)
+    assert vb.ratio_floor(mapped, 1.197, 4.8e12) == pytest.approx(1.1370, abs=1e-4)
+    assert vb.ratio_floor(full, 1.197, 4.8e12) == pytest.approx(1.3919, abs=1e-4)
+    # 1.15x leaves the drafts 0.18 ms: 4.38 TB/s (FR-Spec), 12.5 TB/s (full head)
+    assert vb.drafts_bandwidth_for(mapped, 1.197, 1.15) == pytest.approx(4.3849e12, rel=1e-4)
+    assert vb.drafts_bandwidth_for(full, 1.197, 1.15) == pytest.approx(12.5405e12, rel=1e-4)

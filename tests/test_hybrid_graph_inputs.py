@@ -1,0 +1,114 @@
+"""engine/hybrid_graph.py's ``run`` on the CPU without a model: what a step writes into a
+graph's static inputs (left full of garbage by earlier steps) before the replay, for a step that
+fills the graph's [B, Q] block (straight copies) and one that does not (a scatter, padding
+filled), and what it returns."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from mtpserve.engine.cuda_graph import _Graph
+from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.hybrid_graph import HybridGraphRunner
+from mtpserve.engine.state_cache import LinearAttnMetadata
+from mtpserve.kernels.paged_attention import TritonAttentionMetadata
+
+PAD_SLOT, PAD_STATE, PAD_ROW, VOCAB = 999, 77, 55, 5
+
+
+class Snapshot:
+    """Stands in for the CUDA graph: a replay records the static inputs as they are."""
+
+    def __init__(self, g):
+        self.g, self.seen = g, None
+
+    def replay(self):
+        s, plan = self.g.batch, self.g.batch.extra["gdn_plan"]
+        self.seen = {n: t.clone() for n, t in dict(
+            ids=s.input_ids, pos=s.positions, slot=s.slot_mapping, kv_len=s.attn.kv_len,
+            tables=s.block_tables, states=s.extra["linear_attn"].slots, last=plan.last,
+            rows=plan.scratch_rows, mask=plan.token_mask).items() if t is not None}
+
+
+def graphs() -> HybridGraphRunner:
+    cache = SimpleNamespace(pad_slot=PAD_STATE, pad_scratch_row=PAD_ROW)
+    runner = SimpleNamespace(device=torch.device("cpu"), block_size=4, pad_slot=PAD_SLOT,
+                             state_cache=cache, kv_cache=SimpleNamespace(layers=[]))
+    gr = HybridGraphRunner(runner, 32, 3, 4, 6, 16)
+    g = torch.Generator().manual_seed(0)
+    for key in gr.keys():
+        b, T = gr._static_batch(key), gr.tokens(key)
+        graph = _Graph(None, b, torch.arange(T * 3.0).view(T, 3),
+                       torch.arange(T * VOCAB * 1.0).view(T, VOCAB))
+        graph.graph = Snapshot(graph)
+        plan = b.extra["gdn_plan"]
+        for t in (b.input_ids, b.positions, b.slot_mapping, b.attn.kv_len, b.block_tables,
+                  b.extra["linear_attn"].slots, plan.last, plan.scratch_rows, plan.token_mask):
+            if t is not None:   # what earlier steps left
+                t.copy_(torch.randint(300, 400, t.shape, generator=g).to(t.dtype))
+        gr.graphs[key] = graph
+    return gr
+
+
+def step(qlens: list[int], scratch_rows: list[int]) -> ForwardBatch:
+    """Sequence b's tokens: ids 10 b + i, positions 20 + i, KV slots 100 b + i, keys 20 + i + 1;
+    every token has a logits row; state slot 7 + b; block table row [b, b + 1]."""
+    B, T = len(qlens), sum(qlens)
+    toks = [(b, i) for b, q in enumerate(qlens) for i in range(q)]
+    i64 = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    tables = torch.tensor([[b, b + 1] for b in range(B)], dtype=torch.int32)
+    attn = TritonAttentionMetadata(torch.tensor([b for b, _ in toks], dtype=torch.int32),
+                                   torch.tensor([21 + i for _, i in toks], dtype=torch.int32),
+                                   tables, 4, 16)
+    batch = ForwardBatch(i64([10 * b + i for b, i in toks]), i64([20 + i for _, i in toks]),
+                         i64([100 * b + i for b, i in toks]), torch.zeros(B + 1, dtype=torch.int32),
+                         i64(qlens), i64(qlens), tables, torch.arange(T), list(qlens),
+                         list(qlens), attn=attn)
+    batch.extra["linear_attn"] = LinearAttnMetadata(None, i64([7 + b for b in range(B)]),
+                                                    [7 + b for b in range(B)], scratch_rows)
+    return batch
+
+
+def test_a_step_that_fills_the_block_overwrites_every_input():
+    gr = graphs()
+    hidden, logits = gr.run(step([4, 4], [3, 5]))
+    seen = gr.graphs[(2, 4)].graph.seen
+    assert seen["ids"].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert seen["pos"].tolist() == [20, 21, 22, 23] * 2
+    assert seen["slot"].tolist() == [0, 1, 2, 3, 100, 101, 102, 103]
+    assert seen["kv_len"].tolist() == [21, 22, 23, 24] * 2
+    assert seen["last"].tolist() == [3, 3] and seen["rows"].tolist() == [3, 5]
+    assert seen["mask"].tolist() == [1.0] * 8
+    assert seen["states"].tolist() == [7, 8] and seen["tables"][:, :2].tolist() == [[0, 1], [1, 2]]
+    graph = gr.graphs[(2, 4)]
+    assert torch.equal(hidden, graph.hidden) and hidden.data_ptr() != graph.hidden.data_ptr()
+    assert torch.equal(logits, graph.logits)
+
+
+def test_a_shorter_step_is_scattered_and_its_padding_filled():
+    gr = graphs()
+    # three sequences of 4, 2 and 1 tokens (the last one verifies nothing) in the (4, 4)
+    # block: rows 0-3, 4-5, 8; the fourth sequence is padding
+    hidden, logits = gr.run(step([4, 2, 1], [3, 5, -1]))
+    seen, P = gr.graphs[(4, 4)].graph.seen, PAD_SLOT
+    assert seen["ids"].tolist() == [0, 1, 2, 3, 10, 11, 0, 0, 20, 0, 0, 0, 0, 0, 0, 0]
+    assert seen["pos"].tolist() == [20, 21, 22, 23, 20, 21, 0, 0, 20, 0, 0, 0, 0, 0, 0, 0]
+    assert seen["slot"].tolist() == [0, 1, 2, 3, 100, 101, P, P, 200, P, P, P, P, P, P, P]
+    assert seen["kv_len"].tolist() == [21, 22, 23, 24, 21, 22, 1, 1, 21, 1, 1, 1, 1, 1, 1, 1]
+    assert seen["last"].tolist() == [3, 1, 0, 3]
+    assert seen["rows"].tolist() == [3, 5, PAD_ROW, PAD_ROW]
+    assert seen["mask"].tolist() == [1.0] * 6 + [0.0] * 2 + [1.0] + [0.0] * 7
+    assert seen["states"].tolist() == [7, 8, 9, PAD_STATE]
+    rows = [0, 1, 2, 3, 4, 5, 8]
+    graph = gr.graphs[(4, 4)]
+    assert torch.equal(hidden, graph.hidden[rows]) and torch.equal(logits, graph.logits[rows])
+
+
+def test_a_decode_step_without_drafts_has_no_scratch_rows():
+    gr = graphs()
+    gr.run(step([1, 1], [-1, -1]))
+    seen = gr.graphs[(2, 1)].graph.seen
+    assert seen["ids"].tolist() == [0, 10] and seen["last"].tolist() == [0, 0]
+    assert "rows" not in seen and "mask" not in seen
