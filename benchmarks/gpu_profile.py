@@ -376,6 +376,11 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     with open(path.replace(".txt", "-gaps.txt"), "w") as f:
         f.write(gap_table(kernels, steps))
     host = _phase_ms(eng, steps, path.replace(".txt", "-host.txt"))
+    # every figure above is per step of n_req running requests: none may have ended (random
+    # weights accept ~no drafts; a model that accepts many would run out of max_tokens)
+    if len(eng.scheduler.running) != n_req:
+        raise RuntimeError(f"{n_req - len(eng.scheduler.running)} requests ended inside the "
+                           "measured steps; raise max_tokens")
     eng.proposer = None
     eng.runner.graphs = None
     label = "" if spec is None else " nextn k=3" + (" FR-Spec" if spec.token_map else "")
