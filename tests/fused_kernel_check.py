@@ -26,6 +26,8 @@ import contextlib
 import importlib
 from types import SimpleNamespace
 
+from unittest import mock
+
 import torch
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -98,8 +100,12 @@ def _check_add_rms_norm_cases(device, fused_triton, worst) -> None:
                 _record(worst, dtype, "add_rms_norm", out, ref)
                 _record(worst, dtype, "add_rms_norm_vs_unfused_triton", out, unfused)
                 _assert_close(out, ref, dtype, per_value=True)
-                # same layout and reduction as the unfused kernel (checked in sm_90 TTGIR)
-                assert torch.equal(out, unfused), "differs from add, then the rms_norm kernel"
+                # same layout and reduction as the unfused kernel (checked in sm_90 TTGIR) at
+                # its 4 warps; the default ADD_NORM_WARPS (8 since session 26) sums in another
+                # order, so its float32 bits may differ (its error is checked just above)
+                with mock.patch.object(fused_triton, "ADD_NORM_WARPS", 4):
+                    same, _ = fused_triton.add_rms_norm(x, res, w, 1e-6, zc)
+                assert torch.equal(same, unfused), "differs from add, then the rms_norm kernel"
 
 
 def _check_rms_norm_layer(device) -> dict:

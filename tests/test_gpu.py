@@ -954,6 +954,9 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     from mtpserve.kernels import gemv_triton
 
     assert gemv_check.check_stream_fused_inputs("cuda") == 5
+    # gate/up kept in checkpoint order (no SwiGLU epilogue, which SWIGLU_MIN_K 0 gives it since
+    # session 28), so that the down product takes SiLU-and-mul in front
+    monkeypatch.setattr(gemv_triton, "SWIGLU_MIN_K", 1 << 30)
     llm = _tiny_qwen3_llm(tmp_path, hidden_size=2048, num_key_value_heads=8,
                           intermediate_size=6144)
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40))]
