@@ -233,26 +233,28 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else name[:45] + "..."
 
 
+def _timed(fn, totals: dict[str, float], key: str):
+    """``fn`` wrapped to add the wall seconds of each call to ``totals[key]``."""
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] = totals.get(key, 0.0) + time.perf_counter() - t
+    return wrapper
+
+
 @contextlib.contextmanager
 def host_waits():
     """Count the seconds the host spends in ``torch.cuda.Event.synchronize`` and in
-    ``Tensor.tolist`` (the engine's read-backs wait there): yields a one-element list that
-    holds the total when the body is done."""
-    total = [0.0]
+    ``Tensor.tolist`` (the engine's read-backs wait there): yields a dict whose "waits" holds
+    the seconds, filled as the body runs."""
+    totals = {"waits": 0.0}
     sync, tolist = torch.cuda.Event.synchronize, torch.Tensor.tolist
-
-    def timed(fn):
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                total[0] += time.perf_counter() - t
-        return wrapper
-
-    torch.cuda.Event.synchronize, torch.Tensor.tolist = timed(sync), timed(tolist)
+    torch.cuda.Event.synchronize = _timed(sync, totals, "waits")
+    torch.Tensor.tolist = _timed(tolist, totals, "waits")
     try:
-        yield total
+        yield totals
     finally:
         torch.cuda.Event.synchronize, torch.Tensor.tolist = sync, tolist
 
@@ -302,15 +304,7 @@ def host_phases(eng):
             fn = getattr(obj, name, None) if obj is not None else None
             if fn is None:
                 continue
-            key = f"{path}.{name}".lstrip(".")
-
-            def wrapper(*args, _fn=fn, _key=key, **kwargs):
-                t = time.perf_counter()
-                try:
-                    return _fn(*args, **kwargs)
-                finally:
-                    totals[_key] = totals.get(_key, 0.0) + time.perf_counter() - t
-            setattr(obj, name, wrapper)
+            setattr(obj, name, _timed(fn, totals, f"{path}.{name}".lstrip(".")))
             undo.append((obj, name))
     try:
         yield totals
@@ -355,7 +349,7 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
         torch.cuda.synchronize()
     with open(path.replace(".txt", "-phases.txt"), "w") as f:
         f.write("unprofiled host ms per step, inclusive, by engine phase\n")
-        f.write(f"{'waits in read-backs':>36} {waited[0] / steps * 1e3:8.3f}\n")
+        f.write(f"{'waits in read-backs':>36} {waited['waits'] / steps * 1e3:8.3f}\n")
         for gen, (n, sec) in sorted(pauses.items()):
             f.write(f"{f'garbage collections, gen {gen} ({n})':>36} {sec / steps * 1e3:8.3f}\n")
         for key, sec in sorted(phases.items(), key=lambda kv: -kv[1]):
@@ -385,7 +379,7 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     eng.runner.graphs = None
     label = "" if spec is None else " nextn k=3" + (" FR-Spec" if spec.token_map else "")
     return (f"{shape} b{n_req}{label}: {wall_plain * 1e3:.3f} ms/step wall ({wall * 1e3:.3f} "
-            f"profiled; the host waited {waited[0] / steps * 1e3:.3f} ms/step in read-backs, "
+            f"profiled; the host waited {waited['waits'] / steps * 1e3:.3f} ms/step in read-backs, "
             f"unprofiled), device busy {busy / 1e3:.3f} ms/step, "
             f"{len(kernels) / steps:.0f} kernels/step; cProfile ms/step: "
             + ", ".join(f"{k} {v:.3f}" for k, v in host.items()))

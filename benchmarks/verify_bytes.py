@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass
 
 ELEMENT_BYTES = 2          # bf16
@@ -50,13 +51,6 @@ def expected_distinct(experts: int, top_k: int, tokens: int) -> float:
         raise ValueError(f"need 0 < top_k <= experts and tokens >= 0, got {experts=} "
                          f"{top_k=} {tokens=}")
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 @dataclass
@@ -84,9 +78,9 @@ def weight_groups(shapes: dict, num_experts: int) -> WeightGroups:
     dense = mtp_dense = 0
     experts: dict[str, int] = {}
     emb = shapes["model.embed_tokens.weight"]
-    head = _numel(shapes.get("lm_head.weight", emb)) * ELEMENT_BYTES
+    head = math.prod(shapes.get("lm_head.weight", emb)) * ELEMENT_BYTES
     for name, shape in shapes.items():
-        b = _numel(shape) * ELEMENT_BYTES
+        b = math.prod(shape) * ELEMENT_BYTES
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             continue
         if name.endswith(EXPERT_TENSORS):
@@ -156,9 +150,10 @@ def report(shape: str, k: int, decode_ms: float, tb_s: float, token_map_size: in
     bw = tb_s * 1e12
     out = {"shape": shape, "k": k, "decode_ms": decode_ms, "hbm_tb_s": tb_s,
            "groups": asdict(g), "distinct_experts": expected_distinct(E, top_k, 1 + k)}
-    for label, size in (("full_head", None), (f"token_map_{token_map_size}", token_map_size)):
-        if label.endswith("None"):
-            continue
+    heads = [("full_head", None)]
+    if token_map_size:
+        heads.append((f"token_map_{token_map_size}", token_map_size))
+    for label, size in heads:
         b = step_bytes(g, E, top_k, k, size)
         out[label] = {**{f"{n}_gb": v / 1e9 for n, v in asdict(b).items()},
                       "decode_at_peak_ms": b.decode / bw * 1e3,

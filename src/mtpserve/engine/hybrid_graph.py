@@ -101,14 +101,17 @@ class HybridGraphRunner(CudaGraphRunner):
         s, meta = g.batch, batch.extra["linear_attn"]
         B = len(batch.query_lens_cpu)
         full = B == Bg and all(q == Q for q in batch.query_lens_cpu)
-        where_t = self._fill_full(g, batch, Q) if full else self._fill_padded(g, batch, Bg, Q)
+        if full:
+            self._fill_full(g, batch, Q)
+        else:
+            where_t = self._fill_padded(g, batch, Bg, Q)
         s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
         slots = s.extra["linear_attn"].slots
         slots[:B].copy_(meta.slots)
         if B < Bg:
             slots[B:].fill_(self.runner.state_cache.pad_slot)
         g.graph.replay()
-        if where_t is None:   # the block is the batch: copies, not views of the graph's outputs
+        if full:   # the block is the batch: copies, not views of the graph's outputs
             return g.hidden[:batch.num_tokens].clone(), g.logits[batch.logits_indices]
         return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]
 
@@ -129,7 +132,6 @@ class HybridGraphRunner(CudaGraphRunner):
             rows = self._scratch_rows(batch, len(batch.query_lens_cpu))
             plan.scratch_rows.copy_(to_device(rows, torch.int64, s.input_ids.device))
             plan.token_mask.fill_(1.0)
-        return None
 
     def _fill_padded(self, g, batch: ForwardBatch, Bg: int, Q: int) -> torch.Tensor:
         """Inputs of a step of fewer sequences or shorter queries than the block: each real

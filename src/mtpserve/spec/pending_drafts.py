@@ -64,10 +64,8 @@ class PendingDrafts:
     def _in_order(self, sched: SchedulerOutput, m: int) -> bool:
         """Whether the step is exactly the drafted sequences in row order, each its newest
         token and all ``m`` drafts (its batch rows ``i (1 + m) ..`` hold them back to back)."""
-        return len(sched.scheduled) <= self.drafts.shape[0] and all(
-            self.rows.get(s.seq.request_id) == i and s.num_new_tokens == 1
-            and len(s.draft_token_ids) == m and s.num_query_tokens == 1 + m
-            for i, s in enumerate(sched.scheduled))
+        return all(self.rows.get(s.seq.request_id) == i and s.num_new_tokens == 1
+                   and len(s.draft_token_ids) == m for i, s in enumerate(sched.scheduled))
 
     def resolve(self, sched: SchedulerOutput) -> None:
         """Replace the placeholders of the drafted sequences scheduled this step, and of their
