@@ -189,6 +189,20 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s30b)     # session 30: the few-token expert kernels (each chosen expert read once): their GPU tests, the hybrid's 4-token forward with them on / off (recaptured), the MTP step on / off in alternating processes; a graph replay's host cost
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "few_token or fused_moe" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  timeout 60 python3 benchmarks/gpu_replay_host.py --json "$OUT/replay_host.json" 2>&1 | grep -v "it/s" | tail -12
+  timeout 120 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --compare recaptured \
+    mtpserve.kernels.fused_moe_triton:FEW_TOKENS:False recaptured mtpserve.kernels.fused_moe_triton:FEW_TOKENS:False \
+    --json "$OUT/gpu_decode_few.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_few.log" | tail -6
+  for i in 1 2; do
+    for few in True False; do
+      timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 \
+        --set mtpserve.kernels.fused_moe_triton:FEW_TOKENS:$few --json "$OUT/gpu_decode_mtp_$few$i.json" 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
+    done
+  done
+  ;;
 s30a)     # session 30: the hybrid / MTP GPU tests over 41c6c77's GPU-path refactors; the hybrid's step traces (plain, MTP, MTP through FR-Spec) by kernel chain
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mkdir -p /tmp/res
