@@ -444,23 +444,6 @@ def test_align_by_expert_kernel_matches_torch():
     moe_align_check.check_graph()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_few_token_experts_read_each_expert_once(dtype):
-    """The few-token expert kernels (kernels/fused_moe_few.py) on every case of
-    tests/moe_few_check.py: the same bits as one block per row, close to the per-expert loop;
-    what ``_tokens_of_expert`` gives each row (the same cases run on the CPU under the
-    interpreter: tests/test_moe_few.py)."""
-    import sys
-    sys.path.insert(0, "tests")
-    import moe_few_check
-
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for case, (shared, equal, err) in moe_few_check.check_few_tokens("cuda", dtype).items():
-        assert equal, case
-        assert err < tol, (case, err)
-    assert moe_few_check.check_tokens_of_expert("cuda")[2] == [7, 0, [1, 2, 0], [1, 1, 0]]
-
-
 def _fused_check():
     import sys
     sys.path.insert(0, "tests")

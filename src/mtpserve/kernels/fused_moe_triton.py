@@ -31,7 +31,6 @@ import triton.language as tl
 
 from mtpserve.kernels import pdl
 from mtpserve.kernels.dispatch import INTERPRET
-from mtpserve.kernels.fused_moe_few import MAX_TOKENS, few_token_experts
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -345,11 +344,12 @@ def moe_tiles(num_rows: int) -> MoETiles:
     return MoETiles(32, 64, 128, 64)
 
 
-# at most this many (token, choice) rows (decode and verify steps) skip the sort by expert
+# at most this many (token, choice) rows (decode and verify steps) skip the sort by expert.
+# Measured and dropped (session 30, 85e9b63): a verify step's rows routed to one expert
+# gathered into one block, so each expert's weights are read once (4 tokens, top 8 of 64:
+# 26.5 distinct experts for 32 rows); the 4-token forward took 1.680 ms against 1.676
+# without (L2 already serves the rows' repeated reads)
 ONE_ROW_BLOCKS = 64
-# 2..MAX_TOKENS tokens of at most ONE_ROW_BLOCKS rows read each chosen expert once
-# (fused_moe_few.py); off: one block per row as for one token
-FEW_TOKENS = True
 _one_row_rows: dict = {}
 
 
@@ -388,8 +388,6 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     T, k = ids.shape
     E, two_i, H = gate_up.shape
     inter, n = two_i // 2, T * k
-    if FEW_TOKENS and 1 < T <= MAX_TOKENS and n <= ONE_ROW_BLOCKS:
-        return few_token_experts(x, ids, weights, gate_up, down, tiles or moe_tiles(n))
     bm = _block_m(n)
     rows, block_expert = (one_row_blocks(ids, bm) if n <= ONE_ROW_BLOCKS
                           else align_by_expert(ids, E, bm))
