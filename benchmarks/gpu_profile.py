@@ -17,7 +17,8 @@ step (union of kernel intervals), so the host-bound share shows; writes
 step's span under PDL: :func:`chain_table`), its ``-gaps.txt`` (where the device idles
 waiting for the host: :func:`gap_table`) and its ``-phases.txt`` (the unprofiled host's
 milliseconds by engine phase, :func:`host_phases`, and Python's garbage collections,
-:func:`gc_pauses`).
+:func:`gc_pauses`) and its ``-calls.txt`` (the host's small torch calls by op and
+calling line, benchmarks/host_calls.py).
 ``--forward-trace`` profiles graph-replayed forwards of 1 and 4 tokens of one sequence (no
 draft step; a hybrid shape is built with MTP so that it has the recurrent-state scratch of a
 4-token forward) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
@@ -48,6 +49,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_decode import HYBRID, PROMPT, build, decode_run, set_constant
+from host_calls import calls_table, torch_calls
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
@@ -286,6 +288,9 @@ HOST_PHASES = (("", ("step", "_sync_step", "_verify", "_postprocess", "_record_f
                ("proposer", ("propose", "patch_inputs", "resolve_drafts", "verify_ahead",
                              "observe", "_forward")),
                ("proposer.chain", ("run_variants", "run")),
+               ("runner.graphs", ("run", "_fill_full", "_fill_padded")),
+               ("proposer.runner", ("prepare", "execute")),
+               ("proposer.chain.graphs", ("run_selected",)),
                ("stats_logger", ("step",)), ("step_timer", ("record",)))
 
 
@@ -354,6 +359,12 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
             f.write(f"{f'garbage collections, gen {gen} ({n})':>36} {sec / steps * 1e3:8.3f}\n")
         for key, sec in sorted(phases.items(), key=lambda kv: -kv[1]):
             f.write(f"{key:>36} {sec / steps * 1e3:8.3f}\n")
+    with torch_calls() as calls:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    with open(path.replace(".txt", "-calls.txt"), "w") as f:
+        f.write(calls_table(calls, steps))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(steps):

@@ -189,6 +189,12 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s30c)     # session 30: the hybrid's step traces with the host's small torch calls by op and calling line (-calls.txt) and finer host phases (graph fills, the MTP runner, the chain graph)
+  mkdir -p /tmp/res
+  timeout 200 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s30b)     # session 30: the few-token expert kernels (each chosen expert read once): their GPU tests, the hybrid's 4-token forward with them on / off (recaptured), the MTP step on / off in alternating processes; a graph replay's host cost
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "few_token or fused_moe" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   timeout 60 python3 benchmarks/gpu_replay_host.py --json "$OUT/replay_host.json" 2>&1 | grep -v "it/s" | tail -12
