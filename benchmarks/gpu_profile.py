@@ -335,7 +335,7 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
     """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
-    p = SamplingParams(max_tokens=4 * steps + 20, temperature=0.0, ignore_eos=True)
+    p = SamplingParams(max_tokens=6 * steps + 20, temperature=0.0, ignore_eos=True)
     for i in range(n_req):
         eng.add_request(f"t{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT)], p)
     while eng.scheduler.waiting or any(x.in_prefill for x in eng.scheduler.running):
