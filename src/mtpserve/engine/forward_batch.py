@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from mtpserve.engine.pinned_staging import staging_for
+
 
 @dataclass
 class ForwardBatch:
@@ -50,12 +52,12 @@ class ForwardBatch:
 
 
 def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list of ints as a 1-D tensor on ``device``; on CUDA through pinned memory without
-    blocking the host (the caching host allocator keeps the buffer until the copy has run).
-    Building a CUDA tensor straight from a list, or indexing one with a list, waits instead."""
+    """A host list of ints as a 1-D tensor on ``device``; on CUDA through the process's pinned
+    ring (engine/pinned_staging.py) without blocking the host. Building a CUDA tensor straight
+    from a list, or indexing one with a list, waits instead."""
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return staging_for(device).upload(values, dtype)
 
 
 class HostCopy:
