@@ -100,3 +100,37 @@ def test_verify_graphs_equal_eager(path, plain, spec):
     if spec["speculative_algorithm"] == "ngram" or spec["speculative_adaptive"]:
         # sequences drafting different numbers of tokens in one step, padded into the block
         assert target["mixed"] > 0
+
+
+def test_greedy_verify_steps_take_the_acceptance_their_graph_decided(path, plain):
+    """One request at a time (a full [1, 4] block every verify step): the verify graph's own
+    argmax and acceptance (hybrid_graph.py ``_forward``) serve every all-greedy verify step,
+    and the acceptance the host then finds equals it at every row (a row where they differ
+    would fall back to the usual observe: ``_observed_ahead``'s rest)."""
+    import mtpserve.spec.mtp as mtp_module
+
+    llm, _, _ = engine_with_graphs(path, speculative_num_steps=3,
+                                   speculative_algorithm="nextn", speculative_adaptive=False)
+    proposer = llm.engine.proposer
+    graph_decided, fell_back, rows_ahead = [], [], [0]
+    real_step, real_observed = mtp_module.AheadStep, proposer._observed_ahead
+
+    def step(targets, accepted, seqs, starts, both=None):
+        graph_decided.append(both is not None)
+        return real_step(targets, accepted, seqs, starts, both)
+
+    def observed(items):
+        rest = real_observed(items)
+        rows_ahead[0] += len(items) - len(rest)
+        fell_back.extend(rest)
+        return rest
+
+    mtp_module.AheadStep, proposer._observed_ahead = step, observed
+    try:
+        outs = [llm.generate([p], GREEDY)[0].outputs[0] for p in PROMPTS]
+    finally:
+        mtp_module.AheadStep = real_step
+    assert_same(outs, plain["progressions"])
+    assert len(graph_decided) > 20 and all(graph_decided)
+    # every step's row is finished ahead but each request's last (it ends there: not observed)
+    assert fell_back == [] and rows_ahead[0] == len(graph_decided) - len(PROMPTS)

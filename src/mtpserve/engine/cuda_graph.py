@@ -168,8 +168,18 @@ class CudaGraphRunner:
 
     def run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the smallest graph that fits; return (hidden [T, H], logits [N, vocab])."""
+        g = self.replay(batch)
+        return g.hidden[:batch.num_tokens], g.logits[batch.logits_indices]
+
+    def graph_for(self, batch: ForwardBatch) -> _Graph:
+        """The smallest captured graph that holds ``batch``'s tokens."""
+        return self.graphs[next(s for s in self.sizes if s >= batch.num_tokens)]
+
+    def replay(self, batch: ForwardBatch) -> _Graph:
+        """Copy ``batch`` into the smallest graph that fits (padding its other tokens) and
+        replay it; return that graph (its outputs hold the step's until its next replay)."""
         T, B = batch.num_tokens, batch.num_seqs
-        g = self.graphs[next(s for s in self.sizes if s >= T)]
+        g = self.graph_for(batch)
         s, m = g.batch, batch.attn
         s.input_ids[:T].copy_(batch.input_ids)
         s.positions[:T].copy_(batch.positions)
@@ -182,4 +192,4 @@ class CudaGraphRunner:
             s.attn.kv_len[T:].fill_(1)
         s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
         g.graph.replay()
-        return g.hidden[:T], g.logits[batch.logits_indices]
+        return g

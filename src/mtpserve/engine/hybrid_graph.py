@@ -78,6 +78,21 @@ class HybridGraphRunner(CudaGraphRunner):
             token_mask=torch.ones(T, dtype=torch.float32, device=dev) if verify else None)
         return batch
 
+    def _forward(self, batch: ForwardBatch):
+        """The captured forward; a verify graph (Q > 1) also decides its greedy acceptance, as
+        spec/draft_ahead.py ``greedy_acceptance`` would for B sequences of Q - 1 drafts each:
+        ``batch.extra["acceptance"]`` = [T + B] int64, the argmax at every token, then the
+        drafts accepted per sequence (so an all-greedy verify step launches none of it)."""
+        hidden, logits = super()._forward(batch)
+        B, Q = len(batch.query_lens_cpu), batch.query_lens_cpu[0]
+        if Q > 1:
+            out = torch.empty(B * Q + B, dtype=torch.int64, device=logits.device)
+            torch.argmax(logits, -1, out=out[:B * Q])
+            match = batch.input_ids.view(B, Q)[:, 1:] == out[:B * Q].view(B, Q)[:, :Q - 1]
+            torch.sum(match.long().cumprod(1), 1, out=out[B * Q:])
+            batch.extra["acceptance"] = out
+        return hidden, logits
+
     def _key_for(self, batch: ForwardBatch):
         """The graph key a step replays, or None when it must run eagerly."""
         qlens, meta = batch.query_lens_cpu, batch.extra.get("linear_attn")
@@ -112,6 +127,8 @@ class HybridGraphRunner(CudaGraphRunner):
             slots[B:].fill_(self.runner.state_cache.pad_slot)
         g.graph.replay()
         if full:   # the block is the batch: copies, not views of the graph's outputs
+            if "acceptance" in s.extra:   # used before the next replay: queued ahead of it
+                batch.extra["acceptance"] = s.extra["acceptance"]
             return g.hidden[:batch.num_tokens].clone(), g.logits[batch.logits_indices]
         return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]
 

@@ -135,7 +135,7 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
         accepted [B] int64: the longest prefix of drafts with ``draft i == target at i``.
     """
     B, n = len(token_firsts), len(token_firsts) * k
-    if _uniform(targets, input_ids, target_firsts, token_firsts, num_drafts, k):
+    if uniform(targets, input_ids, target_firsts, token_firsts, num_drafts, k):
         # every sequence verifies k drafts, back to back: compare views, upload nothing
         match = input_ids.view(B, k + 1)[:, 1:] == targets.view(B, k + 1)[:, :k]
         return match.long().cumprod(1).sum(1)
@@ -154,8 +154,8 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
     return match.view(B, k).long().cumprod(1).sum(1)
 
 
-def _uniform(targets: torch.Tensor, input_ids: torch.Tensor, target_firsts: list[int],
-             token_firsts: list[int], num_drafts: list[int], k: int) -> bool:
+def uniform(targets: torch.Tensor, input_ids: torch.Tensor, target_firsts: list[int],
+            token_firsts: list[int], num_drafts: list[int], k: int) -> bool:
     """Whether the batch is only sequences of 1 + k tokens, each with a logits row per token,
     in order (a verify step of k drafts everywhere): then row b's tokens and logits rows are
     b (k + 1) .. b (k + 1) + k."""
@@ -171,7 +171,8 @@ class AheadStep:
     Args:
         targets: [T] int64 on the device; accepted: [B] int64 on the device; seqs: the B
             verified sequences in batch order; starts: each one's first verified position
-            (``L - 1``).
+            (``L - 1``); both: [T + B] int64, targets then accepted in one tensor when they
+            are (a verify graph's output: engine/hybrid_graph.py), else None.
 
     After construction the proposer sets ``hidden`` (the MTP output at each row's accepted
     position, [B, H]), ``drafts`` ([B, m] int64, the next step's chain drafts; None when no
@@ -180,12 +181,12 @@ class AheadStep:
     """
 
     def __init__(self, targets: torch.Tensor, accepted: torch.Tensor, seqs: list[Sequence],
-                 starts: list[int]):
+                 starts: list[int], both: torch.Tensor | None = None):
         self.rows = {s.request_id: i for i, s in enumerate(seqs)}
         self.starts = starts
         self._T = targets.shape[0]
         # queued now: reading it waits for the acceptance, not for what is launched after it
-        self._copy = HostCopy(torch.cat([targets, accepted]))
+        self._copy = HostCopy(both if both is not None else torch.cat([targets, accepted]))
         self._values: list[int] | None = None
         self.hidden: torch.Tensor | None = None
         self.drafts: torch.Tensor | None = None

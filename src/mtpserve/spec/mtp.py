@@ -43,7 +43,7 @@ from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
 from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decodes, goes_ahead,
                                        greedy_acceptance, next_budgets, observe_inputs,
-                                       plain, shadow_tokens)
+                                       plain, shadow_tokens, uniform)
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_backlog import ObserveBacklog
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
@@ -234,13 +234,18 @@ class MTPProposer(Proposer):
         rows = [i for i, _, _, _ in work]
         tok_f, logit_f, obs_f = ahead_layout(sched, layout, rows)
         counts = [len(sched.scheduled[i].draft_token_ids) for i in rows]
-        targets = logits.argmax(-1)
-        sample_targets(sampler, logits, targets,
-                       [it for it in items or [] if not it.rows[0].params.greedy])
-        accepted = greedy_acceptance(targets, batch.input_ids, logit_f, tok_f, counts,
-                                     max(counts))
+        sampled = [it for it in items or [] if not it.rows[0].params.greedy]
+        both = batch.extra.get("acceptance")   # decided inside the verify graph
+        if both is not None and not sampled and uniform(both[:logits.shape[0]], batch.input_ids,
+                                                        logit_f, tok_f, counts, max(counts)):
+            targets, accepted = both[:logits.shape[0]], both[logits.shape[0]:]
+        else:
+            targets, both = logits.argmax(-1), None
+            sample_targets(sampler, logits, targets, sampled)
+            accepted = greedy_acceptance(targets, batch.input_ids, logit_f, tok_f, counts,
+                                         max(counts))
         seqs = [seq for _, seq, _, _ in work]
-        ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs])
+        ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs], both)
         ids, h = observe_inputs(targets, hidden, tok_f, logit_f, counts)
         obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, _, st, _), m
                                in zip(work, counts)])

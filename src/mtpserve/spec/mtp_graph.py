@@ -39,8 +39,8 @@ class MTPGraphRunner(CudaGraphRunner):
         return y, y
 
     def run(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """Replay with ``hidden`` [T, H] as the MTP's input; the output [T, H] (a view of the
+        graph's, valid until its next replay). No logits: nothing is gathered for them."""
         T = batch.num_tokens
-        g = self.graphs[next(s for s in self.sizes if s >= T)]
-        g.batch.extra["mtp_hidden"][:T].copy_(hidden)
-        y, _ = super().run(batch)
-        return y
+        self.graph_for(batch).batch.extra["mtp_hidden"][:T].copy_(hidden)
+        return self.replay(batch).hidden[:T]
