@@ -189,6 +189,21 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s30d)     # session 30: after the pinned upload ring, the verify graph's own acceptance and the logits-free MTP graph replay: the hybrid / MTP GPU tests; the MTP step against .snapold/src (f7bacd2) in alternating processes; the step traces with the host's torch calls
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  for i in 1 2; do
+    for tree in new old; do
+      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
+        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
+    done
+  done
+  mkdir -p /tmp/res
+  timeout 200 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s30c)     # session 30: the hybrid's step traces with the host's small torch calls by op and calling line (-calls.txt) and finer host phases (graph fills, the MTP runner, the chain graph)
   mkdir -p /tmp/res
   timeout 200 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
