@@ -189,6 +189,20 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices summed and the shared expert added in the down product): GPU tests; the hybrid's decode with it on / off and two tile variants (recaptured); the MTP step on / off in alternating processes
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "summing or fused_moe or hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  m=mtpserve.kernels.fused_moe_triton
+  timeout 200 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --compare recaptured $m:DOWN_SUM:False \
+    recaptured $m:DOWN_SUM_N:32 $m:DOWN_SUM_K:256 $m:DOWN_SUM:False recaptured --json "$OUT/gpu_decode_sum.json" 2>&1 \
+    | grep -v "it/s" | tee "$OUT/gpu_decode_sum.log" | grep -E "fwd1|Error" | cut -c1-200
+  for i in 1 2; do
+    for on in True False; do
+      timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 \
+        --set $m:DOWN_SUM:$on --json "$OUT/gpu_decode_mtp_$on$i.json" 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$on: /" | tail -4
+    done
+  done
+  ;;
 s30d)     # session 30: after the pinned upload ring, the verify graph's own acceptance and the logits-free MTP graph replay: the hybrid / MTP GPU tests; the MTP step against .snapold/src (f7bacd2) in alternating processes; the step traces with the host's torch calls
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   for i in 1 2; do
