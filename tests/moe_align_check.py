@@ -175,42 +175,6 @@ def check_fused_experts(device) -> dict:
     return worst
 
 
-def check_summing_down(device, dtype=torch.float32) -> dict:
-    """``fused_experts`` of decode / verify sizes (at most ``ONE_ROW_BLOCKS`` rows: one-row
-    blocks, then the summing down kernel), with and without a gated shared expert, and of a
-    prefill size (the sort by expert, the shared expert added after), against the per-expert
-    loop of ``FusedExperts`` plus ``shared * gate`` in float32. Returns {case: relative
-    error}."""
-    from mtpserve.kernels.fused_moe_triton import ONE_ROW_BLOCKS, fused_experts
-    from mtpserve.layers.moe import FusedExperts
-
-    out = {}
-    for T, k, E in ((1, 8, 64), (4, 8, 64), (3, 10, 512), (8, 8, 16), (20, 4, 64)):
-        g = torch.Generator().manual_seed(T * E + k)
-        fe = FusedExperts(E, 48, 24)
-        fe.gate_up_proj.data.normal_(0, 0.2, generator=g)
-        fe.down_proj.data.normal_(0, 0.2, generator=g)
-        x = torch.randn(T, 48, generator=g)
-        ids = routed_ids(T, k, E, T + 1)
-        w = torch.rand(T, k, generator=g)
-        shared = torch.randn(T, 48, generator=g)
-        gate = torch.rand(T, 1, generator=g)
-        for with_shared in (False, True):
-            extra = (shared, gate) if with_shared else (None, None)
-            with torch.inference_mode():
-                want = fe(*(t.to(dtype).float() for t in (x,)), ids, w.to(dtype).float(),
-                          *(t.to(dtype).float() if t is not None else None for t in extra))
-                got = fused_experts(x.to(device, dtype), ids.to(device), w.to(device, dtype),
-                                    fe.gate_up_proj.to(device, dtype),
-                                    fe.down_proj.to(device, dtype),
-                                    *([None] + [t.to(device, dtype) for t in extra]
-                                      if with_shared else [])).float().cpu()
-            err = ((got - want).norm() / want.norm()).item()
-            path = "summing" if T * k <= ONE_ROW_BLOCKS else "sorted"
-            out[f"{path} T={T} k={k} E={E}{' +shared' if with_shared else ''}"] = err
-    return out
-
-
 def compile_for_hopper(num_experts: int, block_m: int, num_rows: int) -> dict:
     """Compile the align kernel for sm_90 (H100 / H200) as ``align_by_expert_triton`` would launch
     it for ``num_rows`` rows, PDL on, without a GPU (Triton's frontend, LLVM and ptxas only): the
@@ -233,27 +197,4 @@ def compile_for_hopper(num_experts: int, block_m: int, num_rows: int) -> dict:
     kernel = triton.compile(ASTSource(fm._align_kernel, sig, consts),
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": fm.ALIGN_WARPS, "enable_fp_fusion": False})
-    return {"shared": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps}
-
-
-def compile_down_sum_for_hopper(shared: bool) -> dict:
-    """Compile the summing down kernel for sm_90 as ``fused_experts`` launches it at the hybrid
-    shape (H 2048, I 512, bf16, one-row blocks of 16, PDL on), without a GPU. Returns the
-    compiled kernel's metadata (shared memory bytes, warps)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from mtpserve.kernels import fused_moe_triton as fm
-
-    sig = {"act_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i64", "rw_ptr": "*bf16",
-           "shared_ptr": "*bf16", "gate_ptr": "*bf16", "out_ptr": "*bf16", "top_k": "i32",
-           "H": "constexpr", "I": "constexpr", "sa": "i32", "swe": "i32", "swn": "i32",
-           "ss": "i32", "sg": "i32", "so": "i32"}
-    consts = dict(H=2048, I=512, BM=16, BN=fm.DOWN_SUM_N, BK=fm.DOWN_SUM_K, SHARED=shared,
-                  PDL=True)
-    sig.update({k: "constexpr" for k in consts})
-    kernel = triton.compile(ASTSource(fm._down_sum_kernel, sig, consts),
-                            target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": fm.DOWN_SUM_WARPS, "enable_fp_fusion": True})
     return {"shared": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps}

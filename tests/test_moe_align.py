@@ -26,8 +26,7 @@ from mtpserve.kernels import fused_moe_triton
 import moe_align_check as m
 assert isinstance(fused_moe_triton._align_kernel, InterpretedFunction)
 out = {"align": m.check_align("cpu", random_sizes=((128, 10, 512), (300, 8, 64))),
-       "dispatch": m.check_dispatch("cpu"), "fused": m.check_fused_experts("cpu"),
-       "summing": m.check_summing_down("cpu")}
+       "dispatch": m.check_dispatch("cpu"), "fused": m.check_fused_experts("cpu")}
 print("RESULT " + json.dumps(out))
 """
 
@@ -37,17 +36,12 @@ def test_align_kernel_under_triton_interpreter():
     block_expert equal to align_by_expert_torch for every case (one row; below, at and above one
     chunk; empty experts; all rows to one expert; E = 64 top 8, E = 512 top 10 at 128 tokens;
     block sizes 16 and 64), the errors raised, and align_by_expert taking the kernel up to its
-    row limit only; fused_experts through the kernel within 1e-5 of the per-expert loop, also
-    at decode / verify sizes through the summing down kernel (shared expert added or not)."""
+    row limit only; fused_experts through the kernel within 1e-5 of the per-expert loop."""
     res = json.loads(run_interpreted(_INTERPRETED, timeout=300))
     assert len(res["align"]) == len(cases()) + 4
     assert res["align"]["random T=128 k=10 E=512 bm=64"] == 33536
     assert res["dispatch"]["kernel calls"] == [200]
     assert len(res["fused"]) == 2 and all(0 < e < 1e-5 for e in res["fused"].values())
-    # decode / verify sizes through the summing down kernel, with and without the shared expert
-    assert sum(name.startswith("summing") for name in res["summing"]) == 8
-    assert len(res["summing"]) == 10
-    assert all(0 < e < 1e-5 for e in res["summing"].values()), res["summing"]
 
 
 def test_reference_layout_on_the_cases():
@@ -84,20 +78,3 @@ def test_align_kernel_compiles_for_hopper(experts, block_m, rows):
             pytest.skip(str(e))
         raise
     assert meta["num_warps"] == 8
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_summing_down_kernel_compiles_for_hopper(shared):
-    """The summing down kernel compiles for sm_90 with PDL, with and without the shared expert
-    (no GPU needed)."""
-    from moe_align_check import compile_down_sum_for_hopper
-
-    from mtpserve.kernels.fused_moe_triton import DOWN_SUM_WARPS
-
-    try:
-        meta = compile_down_sum_for_hopper(shared)
-    except RuntimeError as e:              # no ptxas / LLVM backend in this Triton install
-        if "ptxas" in str(e).lower():
-            pytest.skip(str(e))
-        raise
-    assert meta["num_warps"] == DOWN_SUM_WARPS

@@ -316,49 +316,6 @@ def _down_kernel(act_ptr, w_ptr, rows_ptr, be_ptr, rw_ptr, out_ptr, num_rows,
              mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _down_sum_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, shared_ptr, gate_ptr, out_ptr, top_k,
-                     H: tl.constexpr, I: tl.constexpr, sa, swe, swn, ss, sg, so,
-                     BM: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, SHARED: tl.constexpr,
-                     PDL: tl.constexpr):
-    """Token t = program_id(0), outputs n of tile program_id(1): ``sum_c rw[t, c] * act[row]
-    W_down[ids[t, c]]^T`` over its choices c in order (float32, ``row = (t k + c) BM``: the
-    one-row blocks' layout), plus ``shared[t] * gate[t]`` with SHARED; rounded once."""
-    pdl_wait(PDL)
-    t = tl.program_id(0)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    n_ok = offs_n < H
-    acc = tl.zeros((BN,), dtype=tl.float32)
-    for c in range(top_k):
-        e = tl.load(ids_ptr + t * top_k + c).to(tl.int64)
-        rw = tl.load(rw_ptr + t * top_k + c).to(tl.float32)
-        a_row = act_ptr + (t * top_k + c) * BM * sa
-        part = tl.zeros((BN,), dtype=tl.float32)
-        for k0 in tl.static_range(0, I, BK):
-            offs_k = k0 + tl.arange(0, BK)
-            k_ok = offs_k < I
-            a = tl.load(a_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + e * swe + offs_n[:, None] * swn + offs_k[None, :],
-                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            part += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        acc += rw * part
-    if SHARED:
-        sh = tl.load(shared_ptr + t * ss + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        acc += sh * tl.load(gate_ptr + t * sg).to(tl.float32)
-    tl.store(out_ptr + t * so + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
-
-
-# the summing down product's tiles (outputs, reduction) and warps: H / DOWN_SUM_N programs a
-# token (128 at H 2048), each reading its k experts' slices in turn
-DOWN_SUM_N = 16
-DOWN_SUM_K = 128
-DOWN_SUM_WARPS = 4
-# off: the one-row path writes each choice's row and sums them (and adds the shared expert) in
-# PyTorch, as before session 30
-DOWN_SUM = True
-
-
 def _block_m(num_rows: int) -> int:
     return 16 if num_rows <= 64 else 64
 
@@ -391,7 +348,10 @@ def moe_tiles(num_rows: int) -> MoETiles:
 # Measured and dropped (session 30, 85e9b63): a verify step's rows routed to one expert
 # gathered into one block, so each expert's weights are read once (4 tokens, top 8 of 64:
 # 26.5 distinct experts for 32 rows); the 4-token forward took 1.680 ms against 1.676
-# without (L2 already serves the rows' repeated reads)
+# without (L2 already serves the rows' repeated reads). Also dropped (session 30, 9502471):
+# a down product that summed each token's choices and added the shared expert itself (one
+# program per 16 outputs reading the k experts in turn, on CUDA cores): the hybrid's
+# one-token forward took 1.222 ms against 1.152 with the sum and addcmul in PyTorch
 ONE_ROW_BLOCKS = 64
 _one_row_rows: dict = {}
 
@@ -414,9 +374,8 @@ def one_row_blocks(ids: torch.Tensor, block_m: int):
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor,
-                  tiles: MoETiles | None = None, shared: torch.Tensor | None = None,
-                  gate: torch.Tensor | None = None) -> torch.Tensor:
-    """Routed expert outputs, summed over each token's choices (plus a gated shared expert's).
+                  tiles: MoETiles | None = None) -> torch.Tensor:
+    """Routed expert outputs, summed over each token's choices.
 
     Args:
         x: [T, H] activations; ids: [T, k] int64 expert indices; weights: [T, k] routing weights;
@@ -424,12 +383,10 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         (or CPU under ``TRITON_INTERPRET=1``), weights in x's dtype.
 
         tiles: the kernels' tile sizes (default: :func:`moe_tiles` of the row count).
-        shared, gate: [T, H] and [T, 1] in x's dtype, or None: ``shared * gate`` is added
-        (a decode / verify step adds it inside the summing down kernel: ``DOWN_SUM``).
 
     Returns:
         [T, H] in x's dtype: ``sum_c w[t, c] * down_e(silu(gate_e x_t) * up_e x_t)``,
-        ``e = ids[t, c]`` (``+ shared[t] * gate[t]``).
+        ``e = ids[t, c]``.
     """
     T, k = ids.shape
     E, two_i, H = gate_up.shape
@@ -448,28 +405,9 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), BM=bm,
         BN=t.gate_up_n, BK=t.gate_up_k, PRECISION=prec, num_warps=t.num_warps,
         **pdl.launch(x))
-    if DOWN_SUM and n <= ONE_ROW_BLOCKS:
-        return _down_sum(act, down, ids, weights, shared, gate, bm, x)
     out = x.new_empty(n, H)
     _down_kernel[(nb, triton.cdiv(H, t.down_n))](
         act, down, rows, block_expert, weights.contiguous().flatten(), out, n, H, inter,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), BM=bm, BN=t.down_n,
         BK=t.down_k, PRECISION=prec, num_warps=t.num_warps, **pdl.launch(x))
-    routed = out.view(T, k, H).sum(1)
-    return routed if shared is None else torch.addcmul(routed, shared, gate)
-
-
-def _down_sum(act, down, ids, weights, shared, gate, bm: int, x) -> torch.Tensor:
-    """The down product of one-row blocks' ``act``, summed over choices (and the shared expert
-    added) in one kernel: [T, H] in x's dtype."""
-    T, k = ids.shape
-    E, H, inter = down.shape
-    out = x.new_empty(T, H)
-    sh = shared.contiguous() if shared is not None else out
-    g = gate if gate is not None else out
-    _down_sum_kernel[(T, triton.cdiv(H, DOWN_SUM_N))](
-        act, down, ids.contiguous(), weights.contiguous(), sh, g, out, k, H, inter,
-        act.stride(0), down.stride(0), down.stride(1), sh.stride(0), g.stride(0),
-        out.stride(0), BM=bm, BN=DOWN_SUM_N, BK=DOWN_SUM_K, SHARED=shared is not None,
-        num_warps=DOWN_SUM_WARPS, **pdl.launch(x))
-    return out
+    return out.view(T, k, H).sum(1)

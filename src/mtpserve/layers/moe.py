@@ -74,22 +74,14 @@ class FusedExperts(nn.Module):
             offset = 0 if part == "gate" else n
             param.data[e].narrow(0, offset, n).copy_(loaded.narrow(0, r * n, n))
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                shared: torch.Tensor | None = None,
-                gate: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k] (expert index, routing weight) -> [T, H] (this rank's
-        partial sum under TP), plus ``shared * gate`` ([T, H], [T, 1]) when given. On CUDA: the
-        grouped Triton GEMMs of kernels/fused_moe_triton.py (no host sync, graph-capturable);
-        elsewhere the loop over experts below (the reference)."""
+        partial sum under TP). On CUDA: the grouped Triton GEMMs of kernels/fused_moe_triton.py
+        (no host sync, graph-capturable); elsewhere the loop over experts below (the reference)."""
         if use_triton(x):
             from mtpserve.kernels.fused_moe_triton import fused_experts
 
-            return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj,
-                                 shared=shared, gate=gate)
-        routed = self._loop(x, ids, weights)
-        return routed if shared is None else torch.addcmul(routed, shared, gate)
-
-    def _loop(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj)
         T, k = ids.shape
         flat = ids.flatten()
         order = flat.argsort(stable=True)
@@ -185,7 +177,7 @@ class SparseMoeBlock(nn.Module):
     def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
         """CUDA: one product for the router and the shared expert gate (float32 logits, see
         :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and
-        ``routed + shared * gate`` (without TP, inside the experts' summing kernel)."""
+        ``routed + shared * gate`` in one op."""
         from mtpserve.kernels.moe_router_triton import route
 
         w = self._merged_router()
@@ -196,8 +188,6 @@ class SparseMoeBlock(nn.Module):
             ids, weights, _ = route(self.gate(x), self.top_k, self.renormalize,
                                     out_dtype=x.dtype)
             gate = torch.sigmoid(self.shared_expert_gate(x))
-        if get_tp_size() == 1:   # the shared expert's output added in the experts' kernel
-            return self.experts(x, ids, weights, self.shared_expert(x), gate)
         routed = tp_all_reduce(self.experts(x, ids, weights))
         return torch.addcmul(routed, self.shared_expert(x), gate)
 
