@@ -189,6 +189,13 @@ s28ready2) # session 28: the 1.7B time to ready from an empty Triton cache with 
 s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumulators, a unit not a power of two, a single unit; the file skips below Hopper)
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
   ;;
+s30g)     # session 30: after the recurrent state's rollback moved to the device (commit_ahead): the hybrid / MTP GPU tests, the hybrid's MTP step traces (host phases, torch calls)
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  mkdir -p /tmp/res
+  timeout 120 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s30f)     # session 30, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's host and device time per replay (full head, FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   for n in 0 32768 8192; do

@@ -331,7 +331,10 @@ class LLMEngine:
             seq = s.seq
             seq.num_computed_tokens += res.num_accepted  # their K/V, written by this pass, stays
             if state is not None and s.draft_token_ids:
-                if res.num_accepted < len(s.draft_token_ids):  # roll the state back
+                # roll the state back, unless the device did (spec/draft_ahead.py commit_ahead)
+                if res.num_accepted < len(s.draft_token_ids) and not (
+                        ahead is not None and ahead.committed_as(seq.request_id,
+                                                                 res.num_accepted)):
                     state.commit(seq.state_slot, row, res.num_accepted)
                 row += 1
             if s.draft_token_ids:

@@ -103,6 +103,14 @@ class StateCache:
         self._conv[:, dst].copy_(self._conv[:, src])
         self._ssm[:, dst].copy_(self._ssm[:, src])
 
+    def commit_rows(self, slots: torch.Tensor, rows: torch.Tensor,
+                    positions: torch.Tensor) -> None:
+        """:meth:`commit` for B sequences from device tensors (no host sync): ``slots[b]`` takes
+        the state after query token ``positions[b]`` of scratch row ``rows[b]`` (all [B] int64;
+        slots distinct)."""
+        self._conv[:, slots] = self._conv_scratch[:, rows, positions]
+        self._ssm[:, slots] = self._ssm_scratch[:, rows, positions]
+
     def commit(self, slot: int, scratch_row: int, position: int) -> None:
         """Make ``slot`` hold the state after query token ``position`` of a verify step (two
         copies over all layers)."""

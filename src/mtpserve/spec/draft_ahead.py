@@ -154,6 +154,31 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
     return match.view(B, k).long().cumprod(1).sum(1)
 
 
+def commit_ahead(batch, ahead: AheadStep, num_scheduled: int) -> None:
+    """Roll each verified sequence's recurrent state back to its accepted drafts on the device
+    (``StateCache.commit_rows``, from the device's count), so the host need not after its
+    read-back: when ``ahead`` covers all ``num_scheduled`` sequences of a hybrid batch, in
+    order, each on scratch row b. Sets ``ahead.committed``."""
+    meta = batch.extra.get("linear_attn")
+    B = len(ahead.rows)
+    if meta is None or B != num_scheduled or meta.scratch_rows != list(range(B)):
+        return
+    rows = _arange(B, ahead.accepted_t.device)
+    meta.cache.commit_rows(meta.slots, rows, ahead.accepted_t)
+    ahead.committed = True
+
+
+_aranges: dict = {}
+
+
+def _arange(n: int, device) -> torch.Tensor:
+    """torch.arange(n) on ``device`` as int64, made once per (n, device)."""
+    t = _aranges.get((n, device))
+    if t is None:
+        t = _aranges[(n, device)] = torch.arange(n, device=device)
+    return t
+
+
 def uniform(targets: torch.Tensor, input_ids: torch.Tensor, target_firsts: list[int],
             token_firsts: list[int], num_drafts: list[int], k: int) -> bool:
     """Whether the batch is only sequences of 1 + k tokens, each with a logits row per token,
@@ -185,12 +210,21 @@ class AheadStep:
         self.rows = {s.request_id: i for i, s in enumerate(seqs)}
         self.starts = starts
         self._T = targets.shape[0]
+        self.accepted_t = accepted
         # queued now: reading it waits for the acceptance, not for what is launched after it
         self._copy = HostCopy(both if both is not None else torch.cat([targets, accepted]))
         self._values: list[int] | None = None
         self.hidden: torch.Tensor | None = None
         self.drafts: torch.Tensor | None = None
         self.budgets: list[list[int]] = []
+        self.committed = False   # recurrent states rolled back on the device (commit_ahead)
+
+    def committed_as(self, request_id: str, accepted: int) -> bool:
+        """Whether the recurrent state of ``request_id`` was rolled back on the device to
+        ``accepted`` drafts (what the host found; a sequence the host stopped early, at a stop
+        or max_tokens, may differ: the host then commits its own count)."""
+        row = self.rows.get(request_id)
+        return self.committed and row is not None and self.accepted(row) == accepted
 
     def _read(self) -> list[int]:
         if self._values is None:

@@ -41,9 +41,9 @@ from mtpserve.engine.sequence import Sequence
 from mtpserve.kernels.compile_ahead import compiling_ahead
 from mtpserve.sampling_params import SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead
-from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, decodes, goes_ahead,
-                                       greedy_acceptance, next_budgets, observe_inputs,
-                                       plain, shadow_tokens, uniform)
+from mtpserve.spec.draft_ahead import (AheadStep, ahead_layout, chain_row, commit_ahead, decodes,
+                                       goes_ahead, greedy_acceptance, next_budgets,
+                                       observe_inputs, plain, shadow_tokens, uniform)
 from mtpserve.spec.draft_model import DRAFT_SEED_OFFSET
 from mtpserve.spec.mtp_backlog import ObserveBacklog
 from mtpserve.spec.mtp_chain import ChainRow, DraftChain
@@ -246,6 +246,8 @@ class MTPProposer(Proposer):
                                          max(counts))
         seqs = [seq for _, seq, _, _ in work]
         ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs], both)
+        if rows == list(range(len(sched.scheduled))):
+            commit_ahead(batch, ahead, len(sched.scheduled))
         ids, h = observe_inputs(targets, hidden, tok_f, logit_f, counts)
         obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, _, st, _), m
                                in zip(work, counts)])
