@@ -192,7 +192,7 @@ s28tests) # session 28: the tc GPU tests after review (gemv_tc refuses 4 accumul
 s30g)     # session 30: after the recurrent state's rollback moved to the device (commit_ahead): the hybrid / MTP GPU tests, the hybrid's MTP step traces (host phases, torch calls)
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mkdir -p /tmp/res
-  timeout 120 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+  timeout 100 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
     | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
   tar czf "$OUT/res.tgz" -C /tmp res
   ;;

@@ -107,9 +107,12 @@ class StateCache:
                     positions: torch.Tensor) -> None:
         """:meth:`commit` for B sequences from device tensors (no host sync): ``slots[b]`` takes
         the state after query token ``positions[b]`` of scratch row ``rows[b]`` (all [B] int64;
-        slots distinct)."""
-        self._conv[:, slots] = self._conv_scratch[:, rows, positions]
-        self._ssm[:, slots] = self._ssm_scratch[:, rows, positions]
+        slots distinct). Five small ops: index_select / index_copy_ over the rows flattened
+        with the positions cost the host less than advanced indexing."""
+        flat = torch.add(positions, rows, alpha=self._conv_scratch.shape[2])  # row * P + pos
+        for pool, scratch in ((self._conv, self._conv_scratch), (self._ssm, self._ssm_scratch)):
+            by_row = scratch.view(scratch.shape[0], -1, *scratch.shape[3:])   # [L, R * P, ...]
+            pool.index_copy_(1, slots, by_row.index_select(1, flat))
 
     def commit(self, slot: int, scratch_row: int, position: int) -> None:
         """Make ``slot`` hold the state after query token ``position`` of a verify step (two
