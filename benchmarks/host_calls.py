@@ -11,10 +11,13 @@ entry points of those ops while its body runs and sums, per (op, calling line in
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 
 import torch
+
+import mtpserve
 
 # Tensor methods and torch functions a step's host path calls (what is not called costs nothing)
 TENSOR_METHODS = ("copy_", "to", "fill_", "zero_", "index_copy_", "index_fill_", "index_select",
@@ -24,15 +27,19 @@ TORCH_FUNCTIONS = ("tensor", "empty", "zeros", "ones", "full", "arange", "cat", 
                    "where")
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(mtpserve.__file__)) + os.sep
+
+
 def _site(depth: int = 2) -> str:
-    """``file.py:line function`` of the nearest caller inside mtpserve's sources."""
+    """``file.py:line function`` (relative to the package) of the nearest caller inside the
+    mtpserve package's own sources (not tests, benchmarks or a venv that happen to sit in a
+    folder named mtpserve)."""
     f = sys._getframe(depth)
-    while f is not None and "/mtpserve/" not in f.f_code.co_filename:
+    while f is not None and not f.f_code.co_filename.startswith(_PACKAGE):
         f = f.f_back
     if f is None:
         return "?"
-    name = f.f_code.co_filename.split("/mtpserve/")[-1]
-    return f"{name}:{f.f_lineno} {f.f_code.co_name}"
+    return f"{f.f_code.co_filename[len(_PACKAGE):]}:{f.f_lineno} {f.f_code.co_name}"
 
 
 def _wrap(fn, label: str, totals: dict):

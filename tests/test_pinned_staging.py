@@ -20,10 +20,11 @@ class FakeEvent:
         FakeEvent.log.append(("synchronize", id(self), self.stream))
 
 
-def _ring(monkeypatch, nbytes=128):
+def _ring(monkeypatch, nbytes=128, capturing=False):
     FakeEvent.log = []
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream-a")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
     return PinnedStaging("cpu", nbytes=nbytes, pin=False)
 
 
@@ -55,6 +56,20 @@ def test_larger_than_half_and_other_dtypes_go_around_the_ring(monkeypatch):
     half = ring.upload([1, 0], torch.bool)
     assert half.tolist() == [True, False]
     assert (ring._current, ring._offset) == (0, 0) and FakeEvent.log == []
+
+
+def test_no_ring_slice_while_a_graph_is_captured(monkeypatch):
+    ring = _ring(monkeypatch, capturing=True)
+    assert ring.upload([4, 5], torch.int64).tolist() == [4, 5]
+    assert (ring._current, ring._offset) == (0, 0) and ring._streams == set()
+
+
+def test_halves_stay_aligned_for_any_size(monkeypatch):
+    ring = _ring(monkeypatch, nbytes=100)               # halves of 48 bytes, not 50
+    assert ring.half == 48
+    ring.upload([1] * 5, torch.int64)                   # 40 bytes
+    assert ring.upload([2, 3], torch.int64).tolist() == [2, 3]   # second half, offset 48
+    assert (ring._current, ring._offset) == (1, 16)
 
 
 def test_one_ring_per_device(monkeypatch):

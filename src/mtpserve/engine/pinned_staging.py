@@ -34,7 +34,7 @@ class PinnedStaging:
 
     def __init__(self, device: torch.device, nbytes: int = RING_BYTES, pin: bool = True):
         self.device, self._pin = torch.device(device), pin
-        self.half = nbytes // 2
+        self.half = max(_ALIGN, nbytes // 2 // _ALIGN * _ALIGN)   # both halves aligned
         self._buf = torch.empty(2 * self.half, dtype=torch.uint8, pin_memory=pin)
         self._np = self._buf.numpy()
         self._current, self._offset = 0, 0      # the half written, bytes used in it
@@ -44,11 +44,13 @@ class PinnedStaging:
 
     def upload(self, values, dtype: torch.dtype) -> torch.Tensor:
         """``values`` (a list of ints) as a 1-D ``dtype`` tensor on the device, copied from the
-        ring without blocking the host (more than half the ring, or a dtype not in
-        ``_NUMPY``: through a pinned block of its own, as before)."""
+        ring without blocking the host (more than half the ring, a dtype not in ``_NUMPY``,
+        or during a CUDA graph capture: through a pinned block of its own, as before)."""
         np_dtype = _NUMPY.get(dtype)
         nbytes = len(values) * np_dtype.itemsize if np_dtype is not None else 0
-        if np_dtype is None or nbytes > self.half:   # a pinned block of its own
+        # a pinned block of its own; also while a CUDA graph is captured: a capture would keep
+        # the ring slice's address while later uploads rewrite it (and a half switch syncs)
+        if np_dtype is None or nbytes > self.half or torch.cuda.is_current_stream_capturing():
             return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(
                 self.device, non_blocking=True)
         with self._lock:

@@ -221,8 +221,8 @@ class AheadStep:
 
     def committed_as(self, request_id: str, accepted: int) -> bool:
         """Whether the recurrent state of ``request_id`` was rolled back on the device to
-        ``accepted`` drafts (what the host found; a sequence the host stopped early, at a stop
-        or max_tokens, may differ: the host then commits its own count)."""
+        ``accepted`` drafts, what the host found (the same targets decide both; should they
+        ever differ, the host commits its own count)."""
         row = self.rows.get(request_id)
         return self.committed and row is not None and self.accepted(row) == accepted
 
