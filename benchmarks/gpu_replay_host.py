@@ -11,7 +11,8 @@ For every captured graph of one row (the target's by (B, Q), the MTP's observe b
 the chain by (rows, steps)) it replays the graph ``--repeats`` times, each after a
 synchronize, and prints the median host microseconds until ``replay()`` returned and the median device
 microseconds of a replay. ``--token-map-size N``: the draft chain through FR-Spec's head over
-ids 0..N-1. Needs CUDA.
+ids 0..N-1. ``--trace DIR``: each graph's kernels by what they add to its replay
+(``DIR/<graph>-chain.txt``, gpu_profile.py's chain table). Needs CUDA.
 """
 
 from __future__ import annotations
@@ -74,12 +75,35 @@ def graphs_of(eng) -> dict[str, object]:
     return out
 
 
+def trace_graph(graph, label: str, out_dir: str, repeats: int = 20) -> str:
+    """Profile ``repeats`` replays of ``graph`` and write what each of its kernels adds to the
+    replay's span (gpu_profile.py's chain table) to ``out_dir/<label>-chain.txt``; return the
+    path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpu_profile import chain_table
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    path = os.path.join(out_dir, label.replace(" ", "_").replace(",", "") + "-chain.txt")
+    with open(path, "w") as f:
+        f.write(chain_table(kernels, repeats))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-next-3b")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--token-map-size", type=int, metavar="N")
     ap.add_argument("--json")
+    ap.add_argument("--trace", metavar="DIR",
+                    help="also write each graph's kernels by what they add to a replay "
+                         "(DIR/<graph>-chain.txt)")
     a = ap.parse_args()
     token_map = None
     if a.token_map_size:
@@ -95,6 +119,9 @@ def main() -> None:
         rows[label] = [host_us(graph.replay, a.repeats), device_us(graph.replay, a.repeats)]
         print(f"{label:28} {rows[label][0]:8.1f} us host, {rows[label][1]:8.1f} us device "
               "per replay")
+        if a.trace:
+            os.makedirs(a.trace, exist_ok=True)
+            trace_graph(graph, label, a.trace)
     print(f"{'copy_ of 64 int64':28} {rows['copy_ of 64 int64'][0]:8.1f} us host")
     if a.json:
         with open(a.json, "w") as f:
