@@ -35,7 +35,9 @@ def engine_with_graphs(path, **spec) -> tuple[LLM, dict, dict]:
     k = spec.get("speculative_num_steps", 0) if spec else 0
     r = llm.engine.runner
     blocks = -(-LEN // r.block_size)
-    target = eager_capture(HybridGraphRunner(r, SEQS * (1 + k), k, SEQS, blocks, r.part_size))
+    mtp_spec = bool(spec) and spec["speculative_algorithm"] == "nextn"
+    target = eager_capture(HybridGraphRunner(r, SEQS * (1 + k), k, SEQS, blocks, r.part_size,
+                                             acceptance=mtp_spec))
     mtp = {"steps": 0, "mixed": 0}
     proposer = llm.engine.proposer
     if spec and spec["speculative_algorithm"] == "nextn":

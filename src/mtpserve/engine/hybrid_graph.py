@@ -29,12 +29,15 @@ class HybridGraphRunner(CudaGraphRunner):
 
     Args:
         runner: the ModelRunner (with its ``state_cache``); max_tokens: most tokens in a graph;
-        max_drafts: k (0: decode graphs only); the rest as :class:`CudaGraphRunner`.
+        max_drafts: k (0: decode graphs only); acceptance: verify graphs also decide their
+        greedy acceptance (:meth:`_forward`; for the MTP proposer, whose ``verify_ahead``
+        reads it); the rest as :class:`CudaGraphRunner`.
     """
 
     def __init__(self, runner, max_tokens: int, max_drafts: int, max_seqs: int,
-                 max_blocks: int, part_size: int):
+                 max_blocks: int, part_size: int, acceptance: bool = False):
         super().__init__(runner, (), max_seqs, max_blocks, part_size)
+        self.acceptance = acceptance
         ladder = [b for b in SIZES if b < max_seqs] + [max_seqs]
         self._keys = sorted(((b, q) for q in range(1, max_drafts + 2) for b in ladder
                              if b * q <= max(max_tokens, q)), key=lambda k: (k[0] * k[1], k))
@@ -79,13 +82,14 @@ class HybridGraphRunner(CudaGraphRunner):
         return batch
 
     def _forward(self, batch: ForwardBatch):
-        """The captured forward; a verify graph (Q > 1) also decides its greedy acceptance, as
+        """The captured forward; a verify graph (Q > 1, with ``acceptance``) also decides its
+        greedy acceptance, as
         spec/draft_ahead.py ``greedy_acceptance`` would for B sequences of Q - 1 drafts each:
         ``batch.extra["acceptance"]`` = [T + B] int64, the argmax at every token, then the
         drafts accepted per sequence (so an all-greedy verify step launches none of it)."""
         hidden, logits = super()._forward(batch)
         B, Q = len(batch.query_lens_cpu), batch.query_lens_cpu[0]
-        if Q > 1:
+        if Q > 1 and self.acceptance:
             out = torch.empty(B * Q + B, dtype=torch.int64, device=logits.device)
             torch.argmax(logits, -1, out=out[:B * Q])
             match = batch.input_ids.view(B, Q)[:, 1:] == out[:B * Q].view(B, Q)[:, :Q - 1]

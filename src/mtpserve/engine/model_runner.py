@@ -192,8 +192,9 @@ class ModelRunner:
         limit = self.graph_token_limit()
         max_blocks = -(-self.max_model_len // self.block_size)
         if self.state_cache is not None:
+            mtp = spec is not None and spec.algorithm in ("nextn", "mtp")
             self.graphs = HybridGraphRunner(self, limit, k, self.config.max_num_seqs, max_blocks,
-                                            self.part_size)
+                                            self.part_size, acceptance=mtp)
         else:
             self.graphs = (runner_cls or CudaGraphRunner)(
                 self, graph_sizes(limit), self.config.max_num_seqs, max_blocks, self.part_size)
