@@ -145,11 +145,18 @@ def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None,
                              temperature=temperature, sampled_drafts=True))
     if map_size:
         with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "token_map.json"
-            path.write_text(json.dumps(list(range(map_size))))
-            rows.update(mtp_step(shape, eager, plain_step, token_map=str(path),
+            rows.update(mtp_step(shape, eager, plain_step, token_map=first_ids_map(map_size, d),
                                  label="mtp_fr"))
     return rows
+
+
+def first_ids_map(size: int, directory: str) -> str:
+    """Write an FR-Spec token map of ids 0..size-1 (BPE vocabularies are ordered roughly by
+    merge frequency, so low ids are the frequent tokens) as ``directory/token_map.json``;
+    return its path."""
+    path = Path(directory) / "token_map.json"
+    path.write_text(json.dumps(list(range(size))))
+    return str(path)
 
 
 def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) -> dict:

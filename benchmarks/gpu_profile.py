@@ -38,7 +38,6 @@ import contextlib
 import cProfile
 import gc
 import io
-import json
 import os
 import pstats
 import tempfile
@@ -48,7 +47,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_decode import HYBRID, PROMPT, build, decode_run, set_constant
+from gpu_decode import HYBRID, PROMPT, build, decode_run, first_ids_map, set_constant
 from host_calls import calls_table, torch_calls
 from mtpserve.config import SpeculativeConfig
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -324,10 +323,8 @@ def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]
     out = [("", None), ("-mtp", SpeculativeConfig(algorithm="nextn", num_steps=3,
                                                     adaptive=False))]
     if map_size:
-        path = tmp / "token_map.json"
-        path.write_text(json.dumps(list(range(map_size))))
         out.append(("-mtp-fr", SpeculativeConfig(algorithm="nextn", num_steps=3, adaptive=False,
-                                                 token_map=str(path))))
+                                                 token_map=first_ids_map(map_size, tmp))))
     return out
 
 

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from gpu_decode import build
+from gpu_decode import build, first_ids_map
 from mtpserve.config import SpeculativeConfig
 
 
@@ -105,11 +105,7 @@ def main() -> None:
                     help="also write each graph's kernels by what they add to a replay "
                          "(DIR/<graph>-chain.txt)")
     a = ap.parse_args()
-    token_map = None
-    if a.token_map_size:
-        token_map = os.path.join(tempfile.mkdtemp(), "token_map.json")
-        with open(token_map, "w") as f:
-            json.dump(list(range(a.token_map_size)), f)
+    token_map = first_ids_map(a.token_map_size, tempfile.mkdtemp()) if a.token_map_size else None
     eng, _ = build(a.shape, False, SpeculativeConfig(algorithm="nextn", num_steps=3,
                                                      adaptive=False, token_map=token_map))
     small = torch.zeros(64, dtype=torch.int64, device="cuda")
