@@ -22,6 +22,7 @@ from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.state_cache import LinearAttnMetadata
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
 from mtpserve.layers.linear_attention import RecurrentPlan
+from mtpserve.spec.draft_ahead import uniform_acceptance
 
 
 class HybridGraphRunner(CudaGraphRunner):
@@ -83,17 +84,17 @@ class HybridGraphRunner(CudaGraphRunner):
 
     def _forward(self, batch: ForwardBatch):
         """The captured forward; a verify graph (Q > 1, with ``acceptance``) also decides its
-        greedy acceptance, as
-        spec/draft_ahead.py ``greedy_acceptance`` would for B sequences of Q - 1 drafts each:
-        ``batch.extra["acceptance"]`` = [T + B] int64, the argmax at every token, then the
-        drafts accepted per sequence (so an all-greedy verify step launches none of it)."""
+        greedy acceptance for its B sequences of Q - 1 drafts each (spec/draft_ahead.py
+        ``uniform_acceptance``): ``batch.extra["acceptance"]`` = [T + B] int64, the argmax at
+        every token, then the drafts accepted per sequence (so an all-greedy verify step
+        launches none of it)."""
         hidden, logits = super()._forward(batch)
         B, Q = len(batch.query_lens_cpu), batch.query_lens_cpu[0]
         if Q > 1 and self.acceptance:
-            out = torch.empty(B * Q + B, dtype=torch.int64, device=logits.device)
-            torch.argmax(logits, -1, out=out[:B * Q])
-            match = batch.input_ids.view(B, Q)[:, 1:] == out[:B * Q].view(B, Q)[:, :Q - 1]
-            torch.sum(match.long().cumprod(1), 1, out=out[B * Q:])
+            T = B * Q
+            out = torch.empty(T + B, dtype=torch.int64, device=logits.device)
+            torch.argmax(logits, -1, out=out[:T])
+            uniform_acceptance(batch.input_ids, out[:T], B, Q - 1, out=out[T:])
             batch.extra["acceptance"] = out
         return hidden, logits
 

@@ -136,9 +136,7 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
     """
     B, n = len(token_firsts), len(token_firsts) * k
     if uniform(targets, input_ids, target_firsts, token_firsts, num_drafts, k):
-        # every sequence verifies k drafts, back to back: compare views, upload nothing
-        match = input_ids.view(B, k + 1)[:, 1:] == targets.view(B, k + 1)[:, :k]
-        return match.long().cumprod(1).sum(1)
+        return uniform_acceptance(input_ids, targets, B, k)
     # row i of a sequence compares its target at logits row cur with its draft at token nxt
     # (indices kept inside the sequence's rows where i has no draft: masked out by valid)
     cur, nxt, valid = [], [], []
@@ -152,6 +150,15 @@ def greedy_acceptance(targets: torch.Tensor, input_ids: torch.Tensor, target_fir
     cur_t, nxt_t, valid_t = up[:n], up[n:2 * n], up[2 * n:].bool()
     match = (input_ids.index_select(0, nxt_t) == targets.index_select(0, cur_t)) & valid_t
     return match.view(B, k).long().cumprod(1).sum(1)
+
+
+def uniform_acceptance(input_ids: torch.Tensor, targets: torch.Tensor, B: int, k: int,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`greedy_acceptance` when every one of B sequences verifies k drafts, back to back
+    (:func:`uniform`): views compared, nothing uploaded (graph-capturable). ``input_ids``,
+    ``targets`` [B (k + 1)] int64; returns accepted [B] int64 (written into ``out`` if given)."""
+    match = input_ids.view(B, k + 1)[:, 1:] == targets.view(B, k + 1)[:, :k]
+    return torch.sum(match.long().cumprod(1), 1, out=out)
 
 
 def commit_ahead(batch, ahead: AheadStep, num_scheduled: int) -> None:

@@ -235,10 +235,10 @@ class MTPProposer(Proposer):
         tok_f, logit_f, obs_f = ahead_layout(sched, layout, rows)
         counts = [len(sched.scheduled[i].draft_token_ids) for i in rows]
         sampled = [it for it in items or [] if not it.rows[0].params.greedy]
-        both = batch.extra.get("acceptance")   # decided inside the verify graph
-        if both is not None and not sampled and uniform(both[:logits.shape[0]], batch.input_ids,
-                                                        logit_f, tok_f, counts, max(counts)):
-            targets, accepted = both[:logits.shape[0]], both[logits.shape[0]:]
+        both, N = batch.extra.get("acceptance"), logits.shape[0]   # decided inside the graph
+        if both is not None and not sampled and uniform(both[:N], batch.input_ids, logit_f,
+                                                        tok_f, counts, max(counts)):
+            targets, accepted = both[:N], both[N:]
         else:
             targets, both = logits.argmax(-1), None
             sample_targets(sampler, logits, targets, sampled)
