@@ -161,14 +161,14 @@ def uniform_acceptance(input_ids: torch.Tensor, targets: torch.Tensor, B: int, k
     return torch.sum(match.long().cumprod(1), 1, out=out)
 
 
-def commit_ahead(batch, ahead: AheadStep, num_scheduled: int) -> None:
+def commit_ahead(batch, ahead: AheadStep, rows: list[int]) -> None:
     """Roll each verified sequence's recurrent state back to its accepted drafts on the device
     (``StateCache.commit_rows``, from the device's count), so the host need not after its
-    read-back: when ``ahead`` covers all ``num_scheduled`` sequences of a hybrid batch, in
-    order, each on scratch row b. Sets ``ahead.committed``."""
+    read-back: when ``ahead``'s sequences (batch indices ``rows``) are all the sequences of a
+    hybrid batch, in order, sequence b on scratch row b. Sets ``ahead.committed``."""
     meta = batch.extra.get("linear_attn")
-    B = len(ahead.rows)
-    if meta is None or B != num_scheduled or meta.scratch_rows != list(range(B)):
+    B = len(rows)
+    if meta is None or not rows == meta.scratch_rows == list(range(B)):
         return
     rows = _arange(B, ahead.accepted_t.device)
     meta.cache.commit_rows(meta.slots, rows, ahead.accepted_t)

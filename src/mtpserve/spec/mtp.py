@@ -246,8 +246,7 @@ class MTPProposer(Proposer):
                                          max(counts))
         seqs = [seq for _, seq, _, _ in work]
         ahead = AheadStep(targets, accepted, seqs, [q.num_computed_tokens for q in seqs], both)
-        if rows == list(range(len(sched.scheduled))):
-            commit_ahead(batch, ahead, len(sched.scheduled))
+        commit_ahead(batch, ahead, rows)
         ids, h = observe_inputs(targets, hidden, tok_f, logit_f, counts)
         obs = SchedulerOutput([ScheduledSeq(st.shadow, 1 + m, []) for (_, _, st, _), m
                                in zip(work, counts)])
