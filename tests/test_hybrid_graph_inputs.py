@@ -112,3 +112,67 @@ def test_a_decode_step_without_drafts_has_no_scratch_rows():
     seen = gr.graphs[(2, 1)].graph.seen
     assert seen["ids"].tolist() == [0, 10] and seen["last"].tolist() == [0, 0]
     assert "rows" not in seen and "mask" not in seen
+
+
+def step_io(qlens: list[int], scratch_rows: list[int], slots: list[int],
+            tables: list[list[int]]) -> ForwardBatch:
+    """:func:`step` as ``ModelRunner.prepare`` makes it: ids, positions and KV slots views of
+    one ``token_io`` run, the block tables' host list, the state slots as a host list only."""
+    batch = step(qlens, scratch_rows)
+    io = torch.cat([batch.input_ids, batch.positions, batch.slot_mapping])
+    T = batch.num_tokens
+    batch.input_ids, batch.positions, batch.slot_mapping = io[:T], io[T:2 * T], io[2 * T:]
+    batch.token_io = io
+    batch.block_tables = torch.tensor(tables, dtype=torch.int32)
+    batch.block_tables_cpu = [x for row in tables for x in row]
+    batch.extra["linear_attn"] = LinearAttnMetadata(None, None, slots, scratch_rows,
+                                                    torch.device("cpu"))
+    return batch
+
+
+def test_inputs_that_hold_the_step_already_are_not_written_again():
+    gr = graphs()
+    key, g = (1, 4), gr.graphs[(1, 4)]
+    gr.run(step_io([4], [2], [7], [[5, 6]]))
+    seen = g.graph.seen
+    assert seen["ids"].tolist() == [0, 1, 2, 3] and seen["slot"].tolist() == [0, 1, 2, 3]
+    assert seen["states"].tolist() == [7] and seen["tables"][0, :2].tolist() == [5, 6]
+    assert seen["rows"].tolist() == [2] and seen["last"].tolist() == [3]
+    # what nothing but a step writes, marked: a step with the same slots, scratch rows, table
+    # and layout leaves them, a step with other values rewrites them
+    s, plan = g.batch, g.batch.extra["gdn_plan"]
+    for t in (s.extra["linear_attn"].slots, plan.scratch_rows, plan.last, s.block_tables):
+        t.fill_(-9)
+    gr.run(step_io([4], [2], [7], [[5, 6]]))
+    seen = g.graph.seen
+    assert seen["states"].tolist() == [-9] and seen["rows"].tolist() == [-9]
+    assert seen["last"].tolist() == [-9] and seen["tables"][0, :2].tolist() == [-9, -9]
+    assert seen["ids"].tolist() == [0, 1, 2, 3]                 # always written
+    gr.run(step_io([4], [3], [8], [[5, 6, 9]]))                 # new slot, row and block
+    seen = g.graph.seen
+    assert seen["states"].tolist() == [8] and seen["rows"].tolist() == [3]
+    assert seen["tables"][0, :3].tolist() == [5, 6, 9]
+    assert seen["last"].tolist() == [-9]                        # the layout is still full
+    assert gr._written.stale(key, "layout", "full") is False
+
+
+def test_a_full_step_after_a_padded_one_restores_the_layout():
+    gr = graphs()
+    g = gr.graphs[(2, 4)]
+    gr.run(step_io([4, 4], [3, 5], [7, 8], [[0, 1], [1, 2]]))
+    gr.run(step_io([4, 2], [3, 5], [7, 8], [[0, 1], [1, 2]]))   # padded in the same block
+    seen = g.graph.seen
+    assert seen["last"].tolist() == [3, 1] and seen["mask"].tolist() == [1.0] * 6 + [0.0] * 2
+    gr.run(step_io([4, 4], [3, 5], [7, 8], [[0, 1], [1, 2]]))
+    seen = g.graph.seen
+    assert seen["last"].tolist() == [3, 3] and seen["mask"].tolist() == [1.0] * 8
+    assert seen["rows"].tolist() == [3, 5] and seen["states"].tolist() == [7, 8]
+    assert seen["ids"].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert seen["kv_len"].tolist() == [21, 22, 23, 24] * 2
+
+
+def test_fewer_sequences_than_the_block_pad_the_state_slots():
+    gr = graphs()
+    gr.run(step_io([1] * 3, [-1] * 3, [7, 8, 9], [[4], [5], [6]]))  # (4, 1): a padding row
+    seen = gr.graphs[(4, 1)].graph.seen
+    assert seen["states"].tolist() == [7, 8, 9, PAD_STATE]

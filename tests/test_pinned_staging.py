@@ -79,3 +79,15 @@ def test_one_ring_per_device(monkeypatch):
     assert pinned_staging.staging_for("cuda:1") == torch.device("cuda:1")
     pinned_staging.staging_for(torch.device("cuda", 1))
     assert made == [torch.device("cuda:1")]
+
+
+def test_upload_into_writes_the_destination_through_the_ring(monkeypatch):
+    ring = _ring(monkeypatch)
+    dst = torch.full((3,), -1, dtype=torch.int64)
+    ring.upload_into(dst, [5, 6, 7])
+    assert dst.tolist() == [5, 6, 7]
+    assert ring._np[0:24].view("int64").tolist() == [5, 6, 7]
+    assert (ring._current, ring._offset) == (0, 32) and ring._streams == {"stream-a"}
+    big = torch.zeros(9, dtype=torch.int64)          # 72 bytes > a half: a block of its own
+    ring.upload_into(big, list(range(9)))
+    assert big.tolist() == list(range(9)) and (ring._current, ring._offset) == (0, 32)

@@ -18,8 +18,10 @@ from __future__ import annotations
 import torch
 
 from mtpserve.engine.cuda_graph import SIZES, CudaGraphRunner
-from mtpserve.engine.forward_batch import ForwardBatch, to_device
+from mtpserve.engine.forward_batch import ForwardBatch, to_device, to_device_into
+from mtpserve.engine.graph_inputs import WrittenInputs
 from mtpserve.engine.state_cache import LinearAttnMetadata
+from mtpserve.kernels.argmax_triton import row_argmax
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
 from mtpserve.layers.linear_attention import RecurrentPlan
 from mtpserve.spec.draft_ahead import uniform_acceptance
@@ -39,6 +41,7 @@ class HybridGraphRunner(CudaGraphRunner):
                  max_blocks: int, part_size: int, acceptance: bool = False):
         super().__init__(runner, (), max_seqs, max_blocks, part_size)
         self.acceptance = acceptance
+        self._written = WrittenInputs()   # what each graph's static inputs hold
         ladder = [b for b in SIZES if b < max_seqs] + [max_seqs]
         self._keys = sorted(((b, q) for q in range(1, max_drafts + 2) for b in ladder
                              if b * q <= max(max_tokens, q)), key=lambda k: (k[0] * k[1], k))
@@ -59,11 +62,11 @@ class HybridGraphRunner(CudaGraphRunner):
         rows = torch.arange(B, dtype=i32, device=dev).repeat_interleave(q)
         attn = TritonAttentionMetadata(rows, torch.ones(T, dtype=i32, device=dev), tables,
                                        self.runner.block_size, self.part_size)
+        token_io = torch.zeros(3 * T, dtype=i64, device=dev)   # ids, positions, KV slots
+        token_io[2 * T:] = self.runner.pad_slot
         batch = ForwardBatch(
-            input_ids=torch.zeros(T, dtype=i64, device=dev),
-            positions=torch.zeros(T, dtype=i64, device=dev),
-            slot_mapping=torch.full((T,), self.runner.pad_slot, dtype=i64, device=dev),
-            query_start_loc=torch.arange(0, T + 1, q, dtype=i32, device=dev),
+            input_ids=token_io[:T], positions=token_io[T:2 * T], slot_mapping=token_io[2 * T:],
+            token_io=token_io, query_start_loc=torch.arange(0, T + 1, q, dtype=i32, device=dev),
             query_lens=torch.full((B,), q, dtype=i64, device=dev),
             seq_lens=torch.ones(B, dtype=i64, device=dev), block_tables=tables,
             logits_indices=torch.arange(T, dtype=i64, device=dev),
@@ -93,7 +96,7 @@ class HybridGraphRunner(CudaGraphRunner):
         if Q > 1 and self.acceptance:
             T = B * Q
             out = torch.empty(T + B, dtype=torch.int64, device=logits.device)
-            torch.argmax(logits, -1, out=out[:T])
+            row_argmax(logits, out=out[:T])
             uniform_acceptance(batch.input_ids, out[:T], B, Q - 1, out=out[T:])
             batch.extra["acceptance"] = out
         return hidden, logits
@@ -122,14 +125,13 @@ class HybridGraphRunner(CudaGraphRunner):
         B = len(batch.query_lens_cpu)
         full = B == Bg and all(q == Q for q in batch.query_lens_cpu)
         if full:
-            self._fill_full(g, batch, Q)
+            self._fill_full(g, batch, key)
         else:
-            where_t = self._fill_padded(g, batch, Bg, Q)
-        s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
-        slots = s.extra["linear_attn"].slots
-        slots[:B].copy_(meta.slots)
-        if B < Bg:
-            slots[B:].fill_(self.runner.state_cache.pad_slot)
+            where_t = self._fill_padded(g, batch, key)
+        self._write_tables(key, s.block_tables, batch)
+        slots = meta.slots_cpu + [self.runner.state_cache.pad_slot] * (Bg - B)
+        if self._written.stale(key, "slots", slots):
+            to_device_into(s.extra["linear_attn"].slots, slots)
         g.graph.replay()
         if full:   # the block is the batch: copies, not views of the graph's outputs
             if "acceptance" in s.extra:   # used before the next replay: queued ahead of it
@@ -137,29 +139,49 @@ class HybridGraphRunner(CudaGraphRunner):
             return g.hidden[:batch.num_tokens].clone(), g.logits[batch.logits_indices]
         return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]
 
+    def _write_tables(self, key, tables: torch.Tensor, batch: ForwardBatch) -> None:
+        """The step's block tables into the graph's ``tables`` [Bg, max_blocks] (columns past
+        the step's width and rows past its sequences keep what they held: nothing reads them),
+        unless they already hold them."""
+        B, width = batch.block_tables.shape
+        host = batch.block_tables_cpu
+        if host is None:
+            self._written.forget(key, "tables")
+        elif not self._written.stale(key, "tables", [B, width] + host):
+            return
+        tables[:B, :width].copy_(batch.block_tables)
+
     def _scratch_rows(self, batch: ForwardBatch, Bg: int) -> list[int]:
         pad_row = self.runner.state_cache.pad_scratch_row
         rows = batch.extra["linear_attn"].scratch_rows
         return [r if r >= 0 else pad_row for r in rows] + [pad_row] * (Bg - len(rows))
 
-    def _fill_full(self, g, batch: ForwardBatch, Q: int) -> None:
+    def _fill_full(self, g, batch: ForwardBatch, key) -> None:
         """Inputs of a step that fills the graph's block (every sequence Q tokens): straight
-        copies, one upload of the scratch rows (verify graphs only)."""
-        s, plan = g.batch, g.batch.extra["gdn_plan"]
-        for buf, src in ((s.input_ids, batch.input_ids), (s.positions, batch.positions),
-                         (s.slot_mapping, batch.slot_mapping), (s.attn.kv_len, batch.attn.kv_len)):
-            buf.copy_(src)
-        plan.last.fill_(Q - 1)
-        if plan.token_mask is not None:
-            rows = self._scratch_rows(batch, len(batch.query_lens_cpu))
-            plan.scratch_rows.copy_(to_device(rows, torch.int64, s.input_ids.device))
-            plan.token_mask.fill_(1.0)
+        copies (ids, positions and KV slots in one when ``batch`` has them back to back); the
+        last-token index, token mask and scratch rows only when they do not hold this step's
+        values already (engine/graph_inputs.py)."""
+        s, plan, Q = g.batch, g.batch.extra["gdn_plan"], key[1]
+        if batch.token_io is not None:
+            s.token_io.copy_(batch.token_io)
+        else:
+            for buf, src in ((s.input_ids, batch.input_ids), (s.positions, batch.positions),
+                             (s.slot_mapping, batch.slot_mapping)):
+                buf.copy_(src)
+        s.attn.kv_len.copy_(batch.attn.kv_len)
+        if self._written.stale(key, "layout", "full"):
+            plan.last.fill_(Q - 1)
+            if plan.token_mask is not None:
+                plan.token_mask.fill_(1.0)
+        rows = self._scratch_rows(batch, len(batch.query_lens_cpu))
+        if plan.token_mask is not None and self._written.stale(key, "scratch_rows", rows):
+            to_device_into(plan.scratch_rows, rows)
 
-    def _fill_padded(self, g, batch: ForwardBatch, Bg: int, Q: int) -> torch.Tensor:
+    def _fill_padded(self, g, batch: ForwardBatch, key) -> torch.Tensor:
         """Inputs of a step of fewer sequences or shorter queries than the block: each real
         token scattered to its row; returns those rows [T] int64 on the device."""
         s, plan, qlens = g.batch, g.batch.extra["gdn_plan"], batch.query_lens_cpu
-        B, dev = len(qlens), s.input_ids.device
+        (Bg, Q), B, dev = key, len(qlens), s.input_ids.device
         # host lists -> one copy: each real token's row in the block, each sequence's last
         # token and scratch row
         where = [b * Q + i for b, q in enumerate(qlens) for i in range(q)]
@@ -173,6 +195,7 @@ class HybridGraphRunner(CudaGraphRunner):
             buf.fill_(fill)
             buf.index_copy_(0, where_t, src.to(buf.dtype))
         plan.last.copy_(host[T:T + Bg])
+        self._written.forget(key, "layout", "scratch_rows")
         if plan.token_mask is not None:
             plan.scratch_rows.copy_(host[T + Bg:])
             plan.token_mask.zero_()

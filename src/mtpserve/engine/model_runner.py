@@ -148,7 +148,8 @@ class ModelRunner:
             query_lens=i64[3 * T:3 * T + B], seq_lens=i64[3 * T + B:3 * T + 2 * B],
             logits_indices=i64[3 * T + 2 * B:], query_start_loc=i32[:B + 1],
             block_tables=i32[B + 1 + 2 * T:].view(B, width),
-            query_lens_cpu=qlens, seq_lens_cpu=slens)
+            query_lens_cpu=qlens, seq_lens_cpu=slens, token_io=i64[:3 * T],
+            block_tables_cpu=tables)
         batch.kv_caches = self.kv_cache.layers
         if self.state_cache is not None:
             batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
@@ -166,9 +167,8 @@ class ModelRunner:
         for s in sched.scheduled:
             rows.append(n if s.draft_token_ids else -1)
             n += bool(s.draft_token_ids)
-        return LinearAttnMetadata(self.state_cache,
-                                  to_device(slots, torch.int64, self.device),
-                                  slots, rows)
+        # the slots' device tensor is uploaded only if read: a graph step writes its own
+        return LinearAttnMetadata(self.state_cache, None, slots, rows, self.device)
 
     def graph_token_limit(self) -> int:
         """Most tokens in a captured step: ``--cuda-graph-max-tokens``, else every sequence

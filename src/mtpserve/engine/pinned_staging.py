@@ -46,13 +46,33 @@ class PinnedStaging:
         """``values`` (a list of ints) as a 1-D ``dtype`` tensor on the device, copied from the
         ring without blocking the host (more than half the ring, a dtype not in ``_NUMPY``,
         or during a CUDA graph capture: through a pinned block of its own, as before)."""
+        out = self._from_ring(values, dtype,
+                              lambda src: src.to(self.device, non_blocking=True))
+        if out is None:
+            out = torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(
+                self.device, non_blocking=True)
+        return out
+
+    def upload_into(self, dst: torch.Tensor, values) -> None:
+        """Write ``values`` (a list of ints, ``len(dst)`` of them) into the contiguous 1-D
+        device tensor ``dst`` with one copy from the ring, without blocking the host (the
+        cases :meth:`upload` does not stage: through a pinned block of its own)."""
+        if self._from_ring(values, dst.dtype, lambda src: dst.copy_(src, non_blocking=True)) \
+                is None:
+            dst.copy_(torch.tensor(values, dtype=dst.dtype, pin_memory=self._pin),
+                      non_blocking=True)
+
+    def _from_ring(self, values, dtype: torch.dtype, copy):
+        """Write ``values`` into the ring and queue ``copy`` (a pinned 1-D ``dtype`` view of
+        their slice -> any result) on the current stream, under the ring's lock so that a half
+        switch sees it; return its result, or None where the ring cannot take them (see
+        :meth:`upload`)."""
         np_dtype = _NUMPY.get(dtype)
         nbytes = len(values) * np_dtype.itemsize if np_dtype is not None else 0
         # a pinned block of its own; also while a CUDA graph is captured: a capture would keep
         # the ring slice's address while later uploads rewrite it (and a half switch syncs)
         if np_dtype is None or nbytes > self.half or torch.cuda.is_current_stream_capturing():
-            return torch.tensor(values, dtype=dtype, pin_memory=self._pin).to(
-                self.device, non_blocking=True)
+            return None
         with self._lock:
             if self._offset + nbytes > self.half:
                 self._switch()
@@ -60,7 +80,7 @@ class PinnedStaging:
             self._offset += -(-nbytes // _ALIGN) * _ALIGN
             self._np[start:start + nbytes].view(np_dtype)[:] = values
             self._streams.add(torch.cuda.current_stream(self.device))
-            return self._buf[start:start + nbytes].view(dtype).to(self.device, non_blocking=True)
+            return copy(self._buf[start:start + nbytes].view(dtype))
 
     def _switch(self) -> None:
         """Leave the current half (an event on each stream that copied from it) for the other,

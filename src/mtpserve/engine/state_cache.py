@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mtpserve.engine.forward_batch import to_device
+from mtpserve.kernels.dispatch import use_triton
+
 logger = logging.getLogger(__name__)
 
 
@@ -107,8 +110,16 @@ class StateCache:
                     positions: torch.Tensor) -> None:
         """:meth:`commit` for B sequences from device tensors (no host sync): ``slots[b]`` takes
         the state after query token ``positions[b]`` of scratch row ``rows[b]`` (all [B] int64;
-        slots distinct). Five small ops: index_select / index_copy_ over the rows flattened
-        with the positions cost the host less than advanced indexing."""
+        slots distinct). On CUDA one copy kernel per state kind (kernels/state_commit_triton.py:
+        each state read once); elsewhere index_select / index_copy_ over the rows flattened
+        with the positions."""
+        if use_triton(self._ssm):
+            from mtpserve.kernels.state_commit_triton import commit_states
+
+            for pool, scratch in ((self._conv, self._conv_scratch),
+                                  (self._ssm, self._ssm_scratch)):
+                commit_states(pool, scratch, slots, rows, positions)
+            return
         flat = torch.add(positions, rows, alpha=self._conv_scratch.shape[2])  # row * P + pos
         for pool, scratch in ((self._conv, self._conv_scratch), (self._ssm, self._ssm_scratch)):
             by_row = scratch.view(scratch.shape[0], -1, *scratch.shape[3:])   # [L, R * P, ...]
@@ -121,16 +132,26 @@ class StateCache:
         self._ssm[:, slot].copy_(self._ssm_scratch[:, scratch_row, position])
 
 
-@dataclass
 class LinearAttnMetadata:
     """What linear-attention layers read from ``batch.extra["linear_attn"]``.
 
-    ``slots`` [B] int64: each sequence's state slot (read as the initial state, overwritten with
-    the state after its last query token). ``scratch_rows`` (host list, one per sequence): the
-    scratch row to write per-token states to, or -1 when the sequence verifies no drafts.
+    Args:
+        cache: the StateCache; slots: [B] int64 on the device, each sequence's state slot (read
+            as the initial state, overwritten with the state after its last query token), or
+            None: uploaded from ``slots_cpu`` to ``device`` at first use (a step that replays a
+            CUDA graph writes the graph's own slots input from the host list and never needs
+            it); slots_cpu: the same as a host list; scratch_rows (host list, one per sequence):
+            the scratch row to write per-token states to, or -1 when the sequence verifies no
+            drafts; device: where ``slots`` goes when uploaded.
     """
 
-    cache: StateCache
-    slots: torch.Tensor
-    slots_cpu: list[int]
-    scratch_rows: list[int]
+    def __init__(self, cache: StateCache, slots: torch.Tensor | None, slots_cpu: list[int],
+                 scratch_rows: list[int], device: torch.device | None = None):
+        self.cache, self._slots, self.slots_cpu = cache, slots, slots_cpu
+        self.scratch_rows, self._device = scratch_rows, device
+
+    @property
+    def slots(self) -> torch.Tensor:
+        if self._slots is None:
+            self._slots = to_device(self.slots_cpu, torch.int64, self._device)
+        return self._slots

@@ -576,7 +576,7 @@ class MTPProposer(Proposer):
                  input_ids: torch.Tensor | None = None):
         batch, _ = self.runner.prepare(sched)
         if input_ids is not None:
-            batch.input_ids = input_ids
+            batch.input_ids, batch.token_io = input_ids, None   # no longer one run of three
         hidden = hidden.to(self.runner.dtype)
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
