@@ -978,3 +978,58 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     rel = ((fused_out[0] - unfused[0]).norm() / unfused[0].norm()).item()
     assert rel < 1e-2, rel
     assert fused_out[1:] == unfused[1:]
+
+
+def test_host_copies_through_pooled_pinned_buffers_read_their_own_values():
+    """HostCopy (engine/forward_batch.py) takes its pinned buffer from a pool and gives it back
+    once read: copies made one after another, each behind a kernel that writes its tensor,
+    read exactly their values, and the pool hands the same buffer out again."""
+    from mtpserve.engine import forward_batch
+    from mtpserve.engine.forward_batch import HostCopy
+
+    x = torch.zeros(3, 5, dtype=torch.int64, device="cuda")
+    seen, buffers = [], set()
+    for i in range(20):
+        x.fill_(i)
+        torch.cuda._sleep(100_000)          # the copy is queued behind pending work
+        x.add_(torch.arange(5, device="cuda"))
+        copy = HostCopy(x)
+        buffers.add(copy._host.data_ptr())
+        seen.append(copy.tolist())
+    assert seen == [[[i + j for j in range(5)]] * 3 for i in range(20)]
+    assert len(buffers) == 1
+    assert len(forward_batch._PINNED_POOL[((3, 5), torch.int64)]) >= 1
+
+
+def test_row_argmax_matches_torch_argmax_on_cuda():
+    """kernels/argmax_triton.py's one-launch row argmax: every case of tests/argmax_check.py
+    (ties within and across chunks, the max in a row's last value, rows of -inf, bfloat16, an
+    id map, an ``out`` tensor) exactly as torch.argmax on CUDA."""
+    import argmax_check
+
+    bad = argmax_check.check("cuda")
+    assert len(bad) == 17 and all(v == 0 for v in bad.values()), bad
+
+
+def test_state_commit_kernel_equals_the_host_commits_on_cuda():
+    """StateCache.commit_rows on CUDA (kernels/state_commit_triton.py, one copy kernel per
+    state kind) leaves conv and SSM pools bit-equal to one host commit per sequence, random
+    states of the qwen3-next-3b sizes (bf16 conv, float32 SSM), 3 sequences."""
+    from mtpserve.engine.state_cache import LinearAttnShape, StateCache
+
+    shape = LinearAttnShape(conv_dim=8192, kernel=4, num_v_heads=32, head_k_dim=128,
+                            head_v_dim=128)
+    caches = [StateCache(3, shape, 5, torch.bfloat16, torch.float32, torch.device("cuda"),
+                         max_drafts=3, scratch_rows=4) for _ in range(2)]
+    for c in caches:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        for t in (c._conv_scratch, c._ssm_scratch, c._conv, c._ssm):
+            t.copy_(torch.randn(t.shape, generator=g, device="cuda").to(t.dtype))
+    slots, rows, pos = [4, 0, 2], [1, 4, 0], [3, 0, 2]
+    dev = lambda v: torch.tensor(v, device="cuda")  # noqa: E731
+    caches[0].commit_rows(dev(slots), dev(rows), dev(pos))
+    for s, r, p in zip(slots, rows, pos):
+        caches[1].commit(s, r, p)
+    assert torch.equal(caches[0]._conv, caches[1]._conv)
+    assert torch.equal(caches[0]._ssm, caches[1]._ssm)
+    assert torch.equal(caches[0]._ssm[:, 4], caches[0]._ssm_scratch[:, 1, 3])

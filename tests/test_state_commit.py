@@ -4,6 +4,7 @@ sequence at once, spec/draft_ahead.py ``commit_ahead``), and when the host still
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mtpserve.engine.state_cache import LinearAttnShape, StateCache
@@ -50,3 +51,48 @@ def test_the_host_commits_where_its_count_differs_from_the_device():
     assert ahead.committed_as("a", 1) and ahead.committed_as("b", 3)
     assert not ahead.committed_as("a", 0)            # the host stopped it earlier
     assert not ahead.committed_as("c", 1)            # not in the step
+
+
+_INTERPRETED = """
+import json, torch
+from triton.runtime.interpreter import InterpretedFunction
+from mtpserve.kernels import state_commit_triton as k
+from test_state_commit import _cache
+assert isinstance(k._commit_kernel, InterpretedFunction)
+k.BLOCK = 4                      # several chunks per state, the last one partial
+kernel, ref = _cache(), _cache()
+slots, rows, accepted = torch.tensor([3, 1, 0]), torch.tensor([0, 1, 2]), torch.tensor([2, 0, 3])
+for pool, scratch in ((kernel._conv, kernel._conv_scratch), (kernel._ssm, kernel._ssm_scratch)):
+    k.commit_states(pool, scratch, slots, rows, accepted)
+for s, r, a in zip(slots.tolist(), rows.tolist(), accepted.tolist()):
+    ref.commit(s, r, a)
+print("RESULT " + json.dumps([torch.equal(kernel._conv, ref._conv),
+                              torch.equal(kernel._ssm, ref._ssm),
+                              kernel._ssm[1, 0].unique().tolist()]))
+"""
+
+
+def test_commit_kernel_under_triton_interpreter_equals_the_host_commits():
+    """kernels/state_commit_triton.py: three sequences (one on the pad scratch row), every
+    layer, chunks of 4 elements (the last one partial), exactly the host's per-sequence
+    commits; layer 1, slot 0 holds scratch row 2 after query token 3."""
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from interpreted import run_interpreted
+
+    conv, ssm, unique = json.loads(run_interpreted(_INTERPRETED, timeout=300))
+    assert conv and ssm and unique == [123.0]
+
+
+def test_commit_kernel_rejects_mismatched_states():
+    from mtpserve.kernels.state_commit_triton import commit_states
+
+    cache = _cache()
+    idx = torch.tensor([0])
+    with pytest.raises(ValueError, match="do not match"):
+        commit_states(cache._conv, cache._ssm_scratch, idx, idx, idx)
+    with pytest.raises(ValueError, match="do not match"):
+        commit_states(cache._ssm, cache._ssm_scratch, idx, idx, torch.tensor([0, 1]))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from mtpserve.kernels import cpu_linear
+from mtpserve.kernels.argmax_triton import row_argmax
 from mtpserve.layers.embedding import vocab_logits
 from mtpserve.spec.token_map import check_token_ids
 
@@ -42,8 +43,9 @@ class FullVocabHead:
         return self.target.compute_logits(hidden)
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` [N, H] -> argmax ids [N] int64 on the device (no host sync)."""
-        return self.logits(hidden).argmax(-1)
+        """``hidden`` [N, H] -> argmax ids [N] int64 on the device (no host sync; one kernel
+        on CUDA: kernels/argmax_triton.py)."""
+        return row_argmax(self.logits(hidden))
 
 
 class ReducedVocabHead:
@@ -95,8 +97,8 @@ class ReducedVocabHead:
         host sync): the argmax of the full logits with every column outside the subset masked,
         up to rounding (the smaller product may run other kernels or tiles than the full head's,
         so a near-tie can go the other way; that changes which token is proposed, never the
-        output)."""
-        return self.ids.index_select(0, self.reduced_logits(hidden).argmax(-1))
+        output). On CUDA the argmax and the id lookup are one kernel (kernels/argmax_triton.py)."""
+        return row_argmax(self.reduced_logits(hidden), self.ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` [N, H] -> float32 logits [N, vocab]: the subset's values at their ids,

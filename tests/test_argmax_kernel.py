@@ -1,0 +1,45 @@
+"""kernels/argmax_triton.py on the CPU: the kernel under Triton's interpreter (in a subprocess,
+since TRITON_INTERPRET must be set before a kernel is defined) against ``torch.argmax``, and its
+argument checks. The same cases on CUDA: tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from interpreted import run_interpreted  # noqa: E402
+
+from mtpserve.kernels.argmax_triton import row_argmax  # noqa: E402
+
+_INTERPRETED = """
+import json
+from triton.runtime.interpreter import InterpretedFunction
+from mtpserve.kernels import argmax_triton
+import argmax_check
+assert isinstance(argmax_triton._argmax_kernel, InterpretedFunction)
+print("RESULT " + json.dumps(argmax_check.check("cpu")))
+"""
+
+
+def test_kernel_under_triton_interpreter_matches_torch_argmax():
+    """argmax_check.check("cpu"): every row of every case (1-70001 values, ties across and
+    within chunks, the max in the last value, rows of -inf) as torch.argmax, mapped through an
+    id map, written into ``out``."""
+    bad = json.loads(run_interpreted(_INTERPRETED, timeout=300))
+    assert len(bad) == 17 and all(v == 0 for v in bad.values()), bad
+
+
+def test_cpu_path_and_errors():
+    x = torch.tensor([[1.0, 3.0, 3.0], [-1.0, -2.0, -1.0]])
+    assert row_argmax(x).tolist() == [1, 0]
+    assert row_argmax(x, torch.tensor([10, 11, 12])).tolist() == [11, 10]
+    with pytest.raises(ValueError, match="float rows"):
+        row_argmax(x.double())
+    with pytest.raises(ValueError, match="float rows"):
+        row_argmax(x.t())
