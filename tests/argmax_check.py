@@ -24,6 +24,12 @@ def cases(device: str):
     inf[1, 4321] = -1e30
     inf[2, 3000:] = 7.0
     out.append(("-inf rows", inf))
+    nan = torch.randn(3, 9000, generator=g)
+    nan[0, 5000] = float("nan")             # a NaN beats every number, +inf included
+    nan[1, [100, 8000]] = float("inf")
+    nan[1, 7000] = float("nan")
+    nan[2, [3, 8999]] = float("nan")        # the first NaN wins
+    out.append(("NaN rows", nan))
     out.append(("bfloat16 ties", torch.randint(0, 4, (2, 5000), generator=g).bfloat16()))
     return [(n, x.to(device)) for n, x in out]
 
