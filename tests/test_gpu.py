@@ -1033,3 +1033,18 @@ def test_state_commit_kernel_equals_the_host_commits_on_cuda():
     assert torch.equal(caches[0]._conv, caches[1]._conv)
     assert torch.equal(caches[0]._ssm, caches[1]._ssm)
     assert torch.equal(caches[0]._ssm[:, 4], caches[0]._ssm_scratch[:, 1, 3])
+
+
+def test_a_pooled_read_back_buffer_made_in_inference_mode_serves_outside_it():
+    """A HostCopy buffer first made under torch.inference_mode goes back to the pool and is
+    written again by a copy outside it (an inference tensor would refuse that in-place copy):
+    GPU run 2 of session 31 failed two MTP tests so."""
+    from mtpserve.engine.forward_batch import HostCopy
+
+    x = torch.arange(7, device="cuda") * 3
+    with torch.inference_mode():
+        first = HostCopy(x)
+        ptr = first._host.data_ptr()
+        assert first.tolist() == [3 * i for i in range(7)]
+    again = HostCopy(x + 1)
+    assert again._host.data_ptr() == ptr and again.tolist() == [3 * i + 1 for i in range(7)]

@@ -153,7 +153,7 @@ def test_inputs_that_hold_the_step_already_are_not_written_again():
     assert seen["states"].tolist() == [8] and seen["rows"].tolist() == [3]
     assert seen["tables"][0, :3].tolist() == [5, 6, 9]
     assert seen["last"].tolist() == [-9]                        # the layout is still full
-    assert gr._written.stale(key, "layout", "full") is False
+    assert gr.written.stale(key, "layout", "full") is False
 
 
 def test_a_full_step_after_a_padded_one_restores_the_layout():

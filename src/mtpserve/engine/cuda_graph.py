@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.engine.graph_inputs import WrittenInputs, write_tables
 from mtpserve.kernels.compile_ahead import compiling_ahead
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
 
@@ -87,6 +88,7 @@ class CudaGraphRunner:
         self.max_seqs, self.max_blocks, self.part_size = max_seqs, max_blocks, part_size
         self.graphs: dict = {}
         self.costs: dict = {}
+        self.written = WrittenInputs()   # what each graph's static inputs hold
 
     def keys(self) -> list:
         """What a graph is captured for, smallest first: here its token count."""
@@ -119,13 +121,15 @@ class CudaGraphRunner:
         dev, i64, i32 = self.runner.device, torch.int64, torch.int32
         rows = min(size, self.max_seqs)
         tables = torch.zeros(rows, self.max_blocks, dtype=i32, device=dev)
-        positions = torch.zeros(size, dtype=i64, device=dev)
-        attn = TritonAttentionMetadata(torch.zeros(size, dtype=i32, device=dev),
-                                       torch.ones(size, dtype=i32, device=dev), tables,
-                                       self.runner.block_size, self.part_size)
+        rows_io = torch.ones(2 * size, dtype=i32, device=dev)   # table rows, key counts
+        rows_io[:size] = 0
+        attn = TritonAttentionMetadata(rows_io[:size], rows_io[size:], tables,
+                                       self.runner.block_size, self.part_size, rows_io=rows_io)
+        token_io = torch.zeros(3 * size, dtype=i64, device=dev)   # ids, positions, KV slots
+        token_io[2 * size:] = self.runner.pad_slot
         batch = ForwardBatch(
-            input_ids=torch.zeros(size, dtype=i64, device=dev), positions=positions,
-            slot_mapping=torch.full((size,), self.runner.pad_slot, dtype=i64, device=dev),
+            input_ids=token_io[:size], positions=token_io[size:2 * size],
+            slot_mapping=token_io[2 * size:], token_io=token_io,
             query_start_loc=torch.zeros(rows + 1, dtype=i32, device=dev),
             query_lens=torch.ones(rows, dtype=i64, device=dev),
             seq_lens=torch.ones(rows, dtype=i64, device=dev), block_tables=tables,
@@ -181,15 +185,21 @@ class CudaGraphRunner:
         T, B = batch.num_tokens, batch.num_seqs
         g = self.graph_for(batch)
         s, m = g.batch, batch.attn
-        s.input_ids[:T].copy_(batch.input_ids)
-        s.positions[:T].copy_(batch.positions)
-        s.slot_mapping[:T].copy_(batch.slot_mapping)
-        s.attn.table_row[:T].copy_(m.table_row)
-        s.attn.kv_len[:T].copy_(m.kv_len)
+        if T == s.input_ids.shape[0] and batch.token_io is not None:   # one copy each
+            s.token_io.copy_(batch.token_io)
+        else:
+            s.input_ids[:T].copy_(batch.input_ids)
+            s.positions[:T].copy_(batch.positions)
+            s.slot_mapping[:T].copy_(batch.slot_mapping)
+        if T == s.input_ids.shape[0] and m.rows_io is not None:
+            s.attn.rows_io.copy_(m.rows_io)
+        else:
+            s.attn.table_row[:T].copy_(m.table_row)
+            s.attn.kv_len[:T].copy_(m.kv_len)
         if T < s.input_ids.shape[0]:   # padding tokens: the pad slot, one key of table row 0
             s.slot_mapping[T:].fill_(self.runner.pad_slot)
             s.attn.table_row[T:].zero_()
             s.attn.kv_len[T:].fill_(1)
-        s.block_tables[:B, : batch.block_tables.shape[1]].copy_(batch.block_tables)
+        write_tables(self.written, s.input_ids.shape[0], s.block_tables, batch)
         g.graph.replay()
         return g

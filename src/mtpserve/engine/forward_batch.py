@@ -117,7 +117,12 @@ _POOL_DEPTH = 8   # buffers kept per (shape, dtype): a step has ~2 copies in fli
 def _pinned_take(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """A pinned host tensor of ``shape`` and ``dtype``: from the pool, else a new one."""
     free = _PINNED_POOL.get((tuple(shape), dtype))
-    return free.pop() if free else torch.empty(shape, dtype=dtype, pin_memory=True)
+    if free:
+        return free.pop()
+    # a normal tensor even when made under inference_mode: a pooled buffer is written again
+    # by copies that may run outside it, which an inference tensor refuses
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 def _pinned_give(buf: torch.Tensor) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import torch
+
 
 class WrittenInputs:
     """Host values last written into static graph inputs, by (graph key, input name).
@@ -40,3 +42,17 @@ class WrittenInputs:
         """Input(s) ``names`` of graph ``key`` now hold values not recorded here."""
         for name in names:
             self._values.pop((key, name), None)
+
+
+def write_tables(written: WrittenInputs, key: Hashable, tables: torch.Tensor, batch) -> None:
+    """The block tables of ``batch`` (a ForwardBatch) into graph ``key``'s static ``tables``
+    [rows, max_blocks] int32, unless they hold them already (``batch.block_tables_cpu`` known
+    and equal to what was written last). Columns past the step's width and rows past its
+    sequences keep what they held: nothing reads them."""
+    B, width = batch.block_tables.shape
+    host = batch.block_tables_cpu
+    if host is None:
+        written.forget(key, "tables")
+    elif not written.stale(key, "tables", [B, width] + host):
+        return
+    tables[:B, :width].copy_(batch.block_tables)

@@ -19,7 +19,7 @@ import torch
 
 from mtpserve.engine.cuda_graph import SIZES, CudaGraphRunner
 from mtpserve.engine.forward_batch import ForwardBatch, to_device, to_device_into
-from mtpserve.engine.graph_inputs import WrittenInputs
+from mtpserve.engine.graph_inputs import write_tables
 from mtpserve.engine.state_cache import LinearAttnMetadata
 from mtpserve.kernels.argmax_triton import row_argmax
 from mtpserve.kernels.paged_attention import TritonAttentionMetadata
@@ -41,7 +41,6 @@ class HybridGraphRunner(CudaGraphRunner):
                  max_blocks: int, part_size: int, acceptance: bool = False):
         super().__init__(runner, (), max_seqs, max_blocks, part_size)
         self.acceptance = acceptance
-        self._written = WrittenInputs()   # what each graph's static inputs hold
         ladder = [b for b in SIZES if b < max_seqs] + [max_seqs]
         self._keys = sorted(((b, q) for q in range(1, max_drafts + 2) for b in ladder
                              if b * q <= max(max_tokens, q)), key=lambda k: (k[0] * k[1], k))
@@ -128,28 +127,19 @@ class HybridGraphRunner(CudaGraphRunner):
             self._fill_full(g, batch, key)
         else:
             where_t = self._fill_padded(g, batch, key)
-        self._write_tables(key, s.block_tables, batch)
+        write_tables(self.written, key, s.block_tables, batch)
         slots = meta.slots_cpu + [self.runner.state_cache.pad_slot] * (Bg - B)
-        if self._written.stale(key, "slots", slots):
+        if self.written.stale(key, "slots", slots):
             to_device_into(s.extra["linear_attn"].slots, slots)
         g.graph.replay()
         if full:   # the block is the batch: copies, not views of the graph's outputs
             if "acceptance" in s.extra:   # used before the next replay: queued ahead of it
                 batch.extra["acceptance"] = s.extra["acceptance"]
-            return g.hidden[:batch.num_tokens].clone(), g.logits[batch.logits_indices]
+            # every token a logits row (a verify step): the indices are 0..T-1
+            every = batch.logits_indices.shape[0] == batch.num_tokens
+            return g.hidden.clone(), (g.logits.clone() if every
+                                      else g.logits[batch.logits_indices])
         return g.hidden[where_t], g.logits[where_t[batch.logits_indices]]
-
-    def _write_tables(self, key, tables: torch.Tensor, batch: ForwardBatch) -> None:
-        """The step's block tables into the graph's ``tables`` [Bg, max_blocks] (columns past
-        the step's width and rows past its sequences keep what they held: nothing reads them),
-        unless they already hold them."""
-        B, width = batch.block_tables.shape
-        host = batch.block_tables_cpu
-        if host is None:
-            self._written.forget(key, "tables")
-        elif not self._written.stale(key, "tables", [B, width] + host):
-            return
-        tables[:B, :width].copy_(batch.block_tables)
 
     def _scratch_rows(self, batch: ForwardBatch, Bg: int) -> list[int]:
         pad_row = self.runner.state_cache.pad_scratch_row
@@ -169,12 +159,12 @@ class HybridGraphRunner(CudaGraphRunner):
                              (s.slot_mapping, batch.slot_mapping)):
                 buf.copy_(src)
         s.attn.kv_len.copy_(batch.attn.kv_len)
-        if self._written.stale(key, "layout", "full"):
+        if self.written.stale(key, "layout", "full"):
             plan.last.fill_(Q - 1)
             if plan.token_mask is not None:
                 plan.token_mask.fill_(1.0)
         rows = self._scratch_rows(batch, len(batch.query_lens_cpu))
-        if plan.token_mask is not None and self._written.stale(key, "scratch_rows", rows):
+        if plan.token_mask is not None and self.written.stale(key, "scratch_rows", rows):
             to_device_into(plan.scratch_rows, rows)
 
     def _fill_padded(self, g, batch: ForwardBatch, key) -> torch.Tensor:
@@ -195,7 +185,7 @@ class HybridGraphRunner(CudaGraphRunner):
             buf.fill_(fill)
             buf.index_copy_(0, where_t, src.to(buf.dtype))
         plan.last.copy_(host[T:T + Bg])
-        self._written.forget(key, "layout", "scratch_rows")
+        self.written.forget(key, "layout", "scratch_rows")
         if plan.token_mask is not None:
             plan.scratch_rows.copy_(host[T + Bg:])
             plan.token_mask.zero_()

@@ -155,7 +155,8 @@ class ModelRunner:
             batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
         if self.triton_attention and max(qlens) <= SMALL_QUERY:
             batch.attn = TritonAttentionMetadata(i32[B + 1:B + 1 + T], i32[B + 1 + T:B + 1 + 2 * T],
-                                                 batch.block_tables, bs, self.part_size)
+                                                 batch.block_tables, bs, self.part_size,
+                                                 rows_io=i32[B + 1:B + 1 + 2 * T])
         else:
             batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, self.device,
                                               self.dtype)

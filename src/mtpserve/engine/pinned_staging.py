@@ -41,6 +41,7 @@ class PinnedStaging:
         self._streams: set = set()              # streams that copied from the current half
         self._done: list[list] = [[], []]       # per half: events of its last copies
         self._lock = threading.Lock()
+        self._views: dict[torch.dtype, torch.Tensor] = {}
 
     def upload(self, values, dtype: torch.dtype) -> torch.Tensor:
         """``values`` (a list of ints) as a 1-D ``dtype`` tensor on the device, copied from the
@@ -80,7 +81,15 @@ class PinnedStaging:
             self._offset += -(-nbytes // _ALIGN) * _ALIGN
             self._np[start:start + nbytes].view(np_dtype)[:] = values
             self._streams.add(torch.cuda.current_stream(self.device))
-            return copy(self._buf[start:start + nbytes].view(dtype))
+            size = np_dtype.itemsize   # one slice of a typed view: start is _ALIGN-aligned
+            return copy(self._typed(dtype)[start // size:(start + nbytes) // size])
+
+    def _typed(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole ring as a 1-D ``dtype`` tensor (made once per dtype)."""
+        view = self._views.get(dtype)
+        if view is None:
+            view = self._views[dtype] = self._buf.view(dtype)
+        return view
 
     def _switch(self) -> None:
         """Leave the current half (an event on each stream that copied from it) for the other,

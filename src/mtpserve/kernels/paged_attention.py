@@ -70,7 +70,9 @@ class TritonAttentionMetadata:
 
     ``table_row`` [T] int32: the block-table row of each token's sequence; ``kv_len`` [T] int32:
     keys each token attends to (its position + 1); ``block_tables`` [R, max_blocks] int32;
-    ``part_size``: context tokens per split-K partition.
+    ``part_size``: context tokens per split-K partition. ``rows_io`` [2T] int32 or None:
+    ``table_row`` then ``kv_len`` back to back (both views of it), so a CUDA graph takes them
+    in one copy (engine/cuda_graph.py).
     """
 
     table_row: torch.Tensor
@@ -78,6 +80,7 @@ class TritonAttentionMetadata:
     block_tables: torch.Tensor
     block_size: int
     part_size: int
+    rows_io: torch.Tensor | None = None
 
 
 def build_torch_metadata(query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor,

@@ -11,6 +11,8 @@ its scratch position and writes it into its slot: one launch per state kind.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -55,7 +57,7 @@ def commit_states(pool: torch.Tensor, scratch: torch.Tensor, slots: torch.Tensor
                          f"{tuple(scratch.shape)} {scratch.dtype} (both contiguous) or indices "
                          f"{tuple(slots.shape)} / {tuple(rows.shape)} / "
                          f"{tuple(positions.shape)} do not match")
-    B, (R, P), E = slots.shape[0], scratch.shape[1:3], pool[0, 0].numel()
+    B, (R, P), E = slots.shape[0], scratch.shape[1:3], math.prod(pool.shape[2:])
     if B == 0:
         return
     _commit_kernel[(triton.cdiv(E, BLOCK), B, L)](

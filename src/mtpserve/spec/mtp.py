@@ -575,8 +575,8 @@ class MTPProposer(Proposer):
     def _forward(self, sched: SchedulerOutput, hidden: torch.Tensor, step: int = 0,
                  input_ids: torch.Tensor | None = None):
         batch, _ = self.runner.prepare(sched)
-        if input_ids is not None:
-            batch.input_ids, batch.token_io = input_ids, None   # no longer one run of three
+        if input_ids is not None:   # into the batch's own ids: they stay a view of token_io
+            batch.input_ids.copy_(input_ids)
         hidden = hidden.to(self.runner.dtype)
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
