@@ -228,6 +228,18 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
     done
   done
   ;;
+s31b)     # session 31: after the inference-mode fix of the pooled read-back buffers and one-copy inputs of the MTP observe graph: the hybrid / MTP / argmax / commit GPU tests; the MTP step (full head and FR-Spec 32k) against .snapold/src (585161d) in alternating processes, three rounds; each graph's device time
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  for i in 1 2 3; do
+    for tree in new old; do
+      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
+        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
+    done
+  done
+  timeout 60 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 --json "$OUT/replay_host.json" 2>&1 | grep -v "it/s" | tail -8
+  ;;
 s31a)     # session 31: fewer host calls from a verify read-back to the next replay (graph inputs written only when changed, one copy of ids/positions/KV slots, pooled read-back buffers) and a one-launch row argmax for the draft heads and the verify graph: the hybrid / MTP / argmax GPU tests; the MTP step against .snapold/src (585161d) in alternating processes; the step traces
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   for i in 1 2; do
