@@ -289,7 +289,7 @@ HOST_PHASES = (("", ("step", "_sync_step", "_verify", "_postprocess", "_record_f
                ("proposer.chain", ("run_variants", "run")),
                ("runner.graphs", ("run", "_fill_full", "_fill_padded")),
                ("proposer.runner", ("prepare", "execute")),
-               ("proposer.chain.graphs", ("run_selected",)),
+               ("proposer.chain.graphs", ("run_variants",)),
                ("stats_logger", ("step",)), ("step_timer", ("record",)))
 
 

@@ -211,7 +211,7 @@ def test_mtp_chain_graph_replays_equal_the_eager_chain():
                        speculative=SpeculativeConfig("nextn", num_steps=3, adaptive=False))
     eng = LLMEngine(cfg, files=random_model_files("qwen3-next-3b"))
     eng.proposer.policy = Budgets(3)
-    # every chain through ChainGraphs.run (drafting ahead replays them through run_selected;
+    # every chain through ChainGraphs.run (drafting ahead replays them through run_variants;
     # test_mtp_drafts_ahead_with_graphs_as_without covers that)
     eng.proposer.draft_ahead = False
     chain, graphs = eng.proposer.chain, eng.proposer.chain.graphs

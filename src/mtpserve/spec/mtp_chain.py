@@ -166,11 +166,14 @@ class DraftChain:
         B, r, g = len(variants[0]), self.runner, self.graphs
         graph = g is not None and g.fits(B, steps)
         if steps == 1:
-            return g.run_selected(hidden, None, None, None) if graph else \
+            return g.run(hidden, plan_chain(variants[0], 1, g.padded(B), r.block_size,
+                                            r.pad_slot)) if graph else \
                 self.forward(hidden.to(r.dtype), None, 1)
         P = g.padded(B) if graph else B
         width = max(table_width(rows, r.block_size) for rows in variants)
         plans = [plan_chain(rows, steps, P, r.block_size, r.pad_slot, width) for rows in variants]
+        if graph:   # the graph gathers each row's variant itself
+            return g.run_variants(hidden, plans, accepted)
         dev, V = r.device, len(plans)
         n64, n32 = len(plans[0].i64), len(plans[0].i32)
         # one upload: every variant's int64 lists, then their int32 lists and the tables
@@ -178,13 +181,10 @@ class DraftChain:
                        + plans[0].tables, torch.int64, dev)
         small = up[V * n64:].to(torch.int32)
         i32, tables = small[:V * n32].view(V, n32 // P, P), small[V * n32:].view(B, width)
-        pick = accepted if P == B else torch.cat([accepted, accepted.new_zeros(P - B)])
-        # row p (the innermost axis of every list) takes variant pick[p]
+        # row p (the innermost axis of every list) takes variant accepted[p]
         i64 = up[:V * n64].view(V, n64 // P, P)
-        i64 = i64.gather(0, pick.view(1, 1, P).expand(1, n64 // P, P)).view(-1)
-        i32 = i32.gather(0, pick.view(1, 1, P).expand(1, n32 // P, P)).view(-1)
-        if graph:
-            return g.run_selected(hidden, i64, i32, tables)
+        i64 = i64.gather(0, accepted.view(1, 1, P).expand(1, n64 // P, P)).view(-1)
+        i32 = i32.gather(0, accepted.view(1, 1, P).expand(1, n32 // P, P)).view(-1)
         inputs = ChainInputs.view(i64, i32, tables, P, steps)
         return self.forward(hidden.to(r.dtype), inputs, steps)
 

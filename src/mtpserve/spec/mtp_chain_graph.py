@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from mtpserve.engine.cuda_graph import capture_graphs, graph_sizes
-from mtpserve.engine.forward_batch import to_device
+from mtpserve.engine.forward_batch import to_device, to_device_into
+from mtpserve.engine.graph_inputs import WrittenInputs
 from mtpserve.spec.mtp_chain import ChainInputs, ChainPlan, DraftChain
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,11 @@ class _ChainGraph:
     i32: torch.Tensor             # ChainPlan.i32 layout, static input
     inputs: ChainInputs | None    # views of i64, i32 and the shared tables (None for m == 1)
     drafts: torch.Tensor | None = None   # [P, m] int64, static output
+    # m > 1: up to k + 1 variants of i64 / i32 back to back, static inputs, and the variant each
+    # row takes ([P] int64, padding rows 0): the graph gathers i64 / i32 from them first
+    var64: torch.Tensor | None = None
+    var32: torch.Tensor | None = None
+    pick: torch.Tensor | None = None
 
 
 class ChainGraphs:
@@ -51,6 +57,7 @@ class ChainGraphs:
         r = chain.runner
         self.tables = torch.zeros(self.sizes[-1], max_blocks, dtype=torch.int32, device=r.device)
         self.graphs: dict[tuple[int, int], _ChainGraph] = {}
+        self.written = WrittenInputs()   # the shared tables and each graph's row picks
 
     def keys(self) -> list[tuple[int, int]]:
         """(rows, steps) of every graph, smallest first."""
@@ -75,9 +82,22 @@ class ChainGraphs:
         i32[P:].fill_(1)
         inputs = ChainInputs.view(i64, i32, self.tables[:P], P, m) if m > 1 else None
         hidden = torch.zeros(P, r.model_config.hidden_size, dtype=r.dtype, device=r.device)
-        return _ChainGraph(m, None, hidden, i64, i32, inputs)
+        g = _ChainGraph(m, None, hidden, i64, i32, inputs)
+        if m > 1:   # every variant starts as the padding layout
+            V = self.max_steps + 1
+            g.var64, g.var32 = i64.repeat(V), i32.repeat(V)
+            g.pick = torch.zeros(P, dtype=torch.int64, device=r.device)
+        return g
 
     def forward(self, g: _ChainGraph) -> torch.Tensor:
+        """The captured work: row p's layout gathered from variant ``pick[p]``, then the
+        chain."""
+        if g.steps > 1:
+            P, V = g.pick.shape[0], self.max_steps + 1
+            for out, var in ((g.i64, g.var64), (g.i32, g.var32)):
+                n = out.shape[0] // P
+                torch.gather(var.view(V, n, P), 0, g.pick.view(1, 1, P).expand(1, n, P),
+                             out=out.view(1, n, P))
         return self.chain.forward(g.hidden, g.inputs, g.steps)
 
     @torch.inference_mode()
@@ -94,39 +114,35 @@ class ChainGraphs:
 
     def run(self, hidden: torch.Tensor, plan: ChainPlan) -> torch.Tensor:
         """Copy ``hidden`` [B, H] and ``plan`` (padded to a captured size) into the static
-        inputs, replay; return the drafts [B, plan.steps] int64 (a view of the static output)."""
-        g = self.graphs[(plan.padded, plan.steps)]
-        B = plan.rows
+        inputs (as variant 0, every row picking it), replay; return the drafts [B,
+        plan.steps] int64 (a view of the static output)."""
+        return self.run_variants(hidden, [plan], None)
+
+    def run_variants(self, hidden: torch.Tensor, plans: list[ChainPlan],
+                     accepted: torch.Tensor | None) -> torch.Tensor:
+        """Replay with row b laid out as ``plans[accepted[b]]`` (``DraftChain.run_variants``;
+        every plan of the same rows, padded size, steps and table width; ``accepted`` [B]
+        int64 on the device, or None: every row takes ``plans[0]``): the variants go into the
+        graph's ``var64`` / ``var32`` in one upload each and the graph gathers each row's; the
+        block tables (``plans[0]``'s) are written only when they changed. Returns the drafts
+        [B, steps] int64 (a view of the static output)."""
+        plan = plans[0]
+        key, B = (plan.padded, plan.steps), plan.rows
+        g = self.graphs[key]
         g.hidden[:B].copy_(hidden)
         if plan.steps > 1:
-            _upload_into(g.i64, plan.i64)
-            n32 = len(plan.i32)
-            up = to_device(plan.i32 + plan.tables, torch.int32, g.i32.device)
-            g.i32.copy_(up[:n32])
-            self.tables[:B, :plan.width].copy_(up[n32:].view(B, plan.width))
+            n64, n32 = len(plan.i64), len(plan.i32)
+            to_device_into(g.var64[:len(plans) * n64], [x for p in plans for x in p.i64])
+            to_device_into(g.var32[:len(plans) * n32], [x for p in plans for x in p.i32])
+            if accepted is not None:
+                g.pick[:B].copy_(accepted)
+                if B < plan.padded:   # padding rows: a variant of this step (older ones may
+                    g.pick[B:].zero_()   # hold real rows of an earlier step there)
+                self.written.forget(key, "pick")
+            elif self.written.stale(key, "pick", "variant 0"):
+                g.pick.zero_()
+            if self.written.stale("shared", "tables", [B, plan.width] + plan.tables):
+                up = to_device(plan.tables, torch.int32, g.i32.device)
+                self.tables[:B, :plan.width].copy_(up.view(B, plan.width))
         g.graph.replay()
         return g.drafts[:B]
-
-    def run_selected(self, hidden: torch.Tensor, i64: torch.Tensor | None,
-                     i32: torch.Tensor | None, tables: torch.Tensor | None) -> torch.Tensor:
-        """As :meth:`run` with the plan already on the device (``DraftChain.run_variants``):
-        ``i64`` / ``i32`` a ChainPlan's buffers for the padded row count, ``tables`` [B, W]
-        int32 (all None for one step). Returns the drafts [B, steps] int64."""
-        B = hidden.shape[0]
-        steps = 1 if i64 is None else i64.shape[0] // (3 * self.padded(B)) + 1
-        g = self.graphs[(self.padded(B), steps)]
-        g.hidden[:B].copy_(hidden)
-        if i64 is not None:
-            g.i64.copy_(i64)
-            g.i32.copy_(i32)
-            self.tables[:B, :tables.shape[1]].copy_(tables)
-        g.graph.replay()
-        return g.drafts[:B]
-
-
-def _upload_into(dst: torch.Tensor, values: list[int]) -> None:
-    """``values`` into the 1-D ``dst`` (same length): from pinned memory, without blocking the
-    host, on CUDA (see ``forward_batch.to_device``)."""
-    cuda = dst.device.type == "cuda"
-    src = torch.tensor(values, dtype=dst.dtype, pin_memory=cuda)
-    dst.copy_(src, non_blocking=cuda)
