@@ -143,20 +143,22 @@ class ModelRunner:
                   for x in s.seq.block_table + [0] * (width - len(s.seq.block_table))]
         i32 = to_device([0] + _cumsum(qlens) + rows_of + [x + 1 for x in pos] + tables,
                         torch.int32, self.device)
+        # views in two split calls (one slice each costs the host a few us)
+        token_io, qlen_t, slen_t, logits_t = i64.split([3 * T, B, B, len(logits_idx)])
+        starts, rows_io, tables_t = i32.split([B + 1, 2 * T, B * width])
+        ids_t, pos_t, slots_t = token_io.split(T)
+        row_t, kv_len_t = rows_io.split(T)
         batch = ForwardBatch(
-            input_ids=i64[:T], positions=i64[T:2 * T], slot_mapping=i64[2 * T:3 * T],
-            query_lens=i64[3 * T:3 * T + B], seq_lens=i64[3 * T + B:3 * T + 2 * B],
-            logits_indices=i64[3 * T + 2 * B:], query_start_loc=i32[:B + 1],
-            block_tables=i32[B + 1 + 2 * T:].view(B, width),
-            query_lens_cpu=qlens, seq_lens_cpu=slens, token_io=i64[:3 * T],
-            block_tables_cpu=tables)
+            input_ids=ids_t, positions=pos_t, slot_mapping=slots_t, query_lens=qlen_t,
+            seq_lens=slen_t, logits_indices=logits_t, query_start_loc=starts,
+            block_tables=tables_t.view(B, width), query_lens_cpu=qlens, seq_lens_cpu=slens,
+            token_io=token_io, block_tables_cpu=tables)
         batch.kv_caches = self.kv_cache.layers
         if self.state_cache is not None:
             batch.extra["linear_attn"] = self._linear_attn_metadata(sched)
         if self.triton_attention and max(qlens) <= SMALL_QUERY:
-            batch.attn = TritonAttentionMetadata(i32[B + 1:B + 1 + T], i32[B + 1 + T:B + 1 + 2 * T],
-                                                 batch.block_tables, bs, self.part_size,
-                                                 rows_io=i32[B + 1:B + 1 + 2 * T])
+            batch.attn = TritonAttentionMetadata(row_t, kv_len_t, batch.block_tables, bs,
+                                                 self.part_size, rows_io=rows_io)
         else:
             batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, self.device,
                                               self.dtype)
