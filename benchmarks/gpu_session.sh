@@ -228,6 +228,21 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
     done
   done
   ;;
+s31c)     # session 31: after the chain graph gathers each row's variant itself and prepare's split views: the GPU tests of this session's changes; the MTP step (full head, FR-Spec 32k) against .snapold/src (585161d) in alternating processes, three rounds; the step traces
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  for i in 1 2 3; do
+    for tree in new old; do
+      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
+        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
+    done
+  done
+  mkdir -p /tmp/res
+  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s31b)     # session 31: after the inference-mode fix of the pooled read-back buffers and one-copy inputs of the MTP observe graph: the hybrid / MTP / argmax / commit GPU tests; the MTP step (full head and FR-Spec 32k) against .snapold/src (585161d) in alternating processes, three rounds; each graph's device time
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   for i in 1 2 3; do
