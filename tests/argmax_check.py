@@ -30,6 +30,9 @@ def cases(device: str):
     nan[1, 7000] = float("nan")
     nan[2, [3, 8999]] = float("nan")        # the first NaN wins
     out.append(("NaN rows", nan))
+    wide = torch.randn(3, 157000, generator=g)
+    wide[1, 5000 + 151935] = 9.0             # the last value of row 1's slice
+    out.append(("row slices, stride != N", wide[:, 5000:5000 + 151936]))
     out.append(("bfloat16 ties", torch.randint(0, 4, (2, 5000), generator=g).bfloat16()))
     return [(n, x.to(device)) for n, x in out]
 
@@ -41,9 +44,12 @@ def check(device: str) -> dict[str, int]:
     for name, x in cases(device):
         ref = torch.argmax(x, -1)
         got = row_argmax(x)
-        id_map = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(1)).to(device)
+        perm = torch.randperm(2 * x.shape[1], generator=torch.Generator().manual_seed(1))
+        id_map = perm[::2].to(device)            # a strided map; an int32 one below
         out = torch.full((x.shape[0],), -1, dtype=torch.int64, device=device)
         mapped = row_argmax(x, id_map, out=out)
+        mapped32 = row_argmax(x, id_map.to(torch.int32))
         bad[name] = (int((got != ref).sum()) + int((mapped != id_map[ref]).sum())
+                     + int((mapped32 != id_map[ref]).sum()) + int(mapped32.dtype != torch.int64)
                      + int(mapped.data_ptr() != out.data_ptr()) + int(got.dtype != torch.int64))
     return bad

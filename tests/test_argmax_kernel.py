@@ -28,11 +28,12 @@ print("RESULT " + json.dumps(argmax_check.check("cpu")))
 
 
 def test_kernel_under_triton_interpreter_matches_torch_argmax():
-    """argmax_check.check("cpu"): every row of every case (1-70001 values, ties across and
-    within chunks, the max in the last value, rows of -inf) as torch.argmax, mapped through an
-    id map, written into ``out``; a NaN beats every number, +inf included."""
+    """argmax_check.check("cpu"): every row of every case (1-151936 values, ties across and
+    within chunks, the max in the last value, rows of -inf, row slices of a wider tensor) as
+    torch.argmax, mapped through a strided and an int32 id map (int64 ids either way),
+    written into ``out``; a NaN beats every number, +inf included."""
     bad = json.loads(run_interpreted(_INTERPRETED, timeout=300))
-    assert len(bad) == 18 and all(v == 0 for v in bad.values()), bad
+    assert len(bad) == 19 and all(v == 0 for v in bad.values()), bad
 
 
 def test_cpu_path_and_errors():
@@ -43,6 +44,10 @@ def test_cpu_path_and_errors():
         row_argmax(x.double())
     with pytest.raises(ValueError, match="float rows"):
         row_argmax(x.t())
+    with pytest.raises(ValueError, match="contiguous \\[2\\] int64"):
+        row_argmax(x, out=torch.zeros(2, 2, dtype=torch.int64)[:, 0])
+    with pytest.raises(ValueError, match="contiguous \\[2\\] int64"):
+        row_argmax(x, out=torch.zeros(2, dtype=torch.int32))
 
 
 _DRY = """

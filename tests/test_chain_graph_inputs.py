@@ -51,8 +51,9 @@ def rows(n: int, length: int) -> list[ChainRow]:
     return [ChainRow([10 * b + i for i in range(4)], length, K) for b in range(n)]
 
 
-def variants(n: int, accepted_max: int) -> list:
-    return [plan_chain(rows(n, 6 + v), K, 4, BS, PAD, width=4) for v in range(accepted_max + 1)]
+def variants(n: int, accepted_max: int, padded: int = 4) -> list:
+    return [plan_chain(rows(n, 6 + v), K, padded, BS, PAD, width=4)
+            for v in range(accepted_max + 1)]
 
 
 def test_each_row_takes_its_variant_and_padding_rows_stay_padding():
@@ -79,3 +80,30 @@ def test_a_plain_run_after_variants_takes_its_plan_in_every_row():
     pos, slots = chain.seen
     assert pos.tolist() == [[9, 9, 9, 0], [10, 10, 10, 0]]
     assert slots[:, 3].tolist() == [PAD, PAD]
+
+
+def test_a_plain_run_after_variants_after_a_plain_run_zeroes_the_picks_again():
+    graphs, chain = chain_graphs()
+    graphs.run(torch.zeros(4, 2), plan_chain(rows(4, 10), K, 4, BS, PAD, width=4))
+    graphs.run_variants(torch.zeros(4, 2), variants(4, 2), torch.tensor([2, 2, 2, 2]))
+    graphs.run(torch.zeros(4, 2), plan_chain(rows(4, 12), K, 4, BS, PAD, width=4))
+    assert chain.seen[0].tolist() == [[11] * 4, [12] * 4]
+
+
+def test_the_shared_block_tables_follow_every_graph_that_writes_them():
+    graphs, chain = chain_graphs()
+    one = [ChainRow([7, 8, 9, 10], 10, K)]
+    two = [ChainRow([3, 4, 5, 6], 10, K), ChainRow([1, 2, 11, 12], 10, K)]
+    graphs.run(torch.zeros(1, 2), plan_chain(one, K, 1, BS, PAD, width=4))
+    assert graphs.tables[0, :4].tolist() == [7, 8, 9, 10]
+    graphs.run(torch.zeros(2, 2), plan_chain(two, K, 2, BS, PAD, width=4))
+    graphs.run(torch.zeros(1, 2), plan_chain(one, K, 1, BS, PAD, width=4))
+    assert graphs.tables[0, :4].tolist() == [7, 8, 9, 10]
+
+
+def test_each_graph_zeroes_its_own_picks():
+    graphs, chain = chain_graphs()
+    graphs.run(torch.zeros(1, 2), plan_chain(rows(1, 10), K, 1, BS, PAD, width=4))
+    graphs.run_variants(torch.zeros(2, 2), variants(2, 2, padded=2), torch.tensor([2, 1]))
+    graphs.run(torch.zeros(2, 2), plan_chain(rows(2, 12), K, 2, BS, PAD, width=4))
+    assert chain.seen[0].tolist() == [[11, 11], [12, 12]]

@@ -176,3 +176,40 @@ def test_fewer_sequences_than_the_block_pad_the_state_slots():
     gr.run(step_io([1] * 3, [-1] * 3, [7, 8, 9], [[4], [5], [6]]))  # (4, 1): a padding row
     seen = gr.graphs[(4, 1)].graph.seen
     assert seen["states"].tolist() == [7, 8, 9, PAD_STATE]
+
+
+def test_a_full_step_after_a_padded_one_with_other_rows_restores_its_scratch_rows():
+    gr = graphs()
+    g = gr.graphs[(2, 4)]
+    gr.run(step_io([4, 4], [3, 5], [7, 8], [[0, 1], [1, 2]]))
+    gr.run(step_io([4, 2], [6, 1], [7, 8], [[0, 1], [1, 2]]))   # padded: other scratch rows
+    assert g.graph.seen["rows"].tolist() == [6, 1]
+    gr.run(step_io([4, 4], [3, 5], [7, 8], [[0, 1], [1, 2]]))
+    assert g.graph.seen["rows"].tolist() == [3, 5]
+
+
+def test_tables_written_without_host_values_or_of_another_shape_are_written_again():
+    gr = graphs()
+    g = gr.graphs[(2, 1)]
+    gr.run(step_io([1, 1], [-1, -1], [7, 8], [[5], [6]]))
+    no_host = step_io([1, 1], [-1, -1], [7, 8], [[9], [9]])
+    no_host.block_tables_cpu = None                              # values the memo never saw
+    gr.run(no_host)
+    assert g.graph.seen["tables"][:, 0].tolist() == [9, 9]
+    gr.run(step_io([1, 1], [-1, -1], [7, 8], [[5], [6]]))
+    assert g.graph.seen["tables"][:, 0].tolist() == [5, 6]
+    # the same twelve values as 3 rows of 4 blocks, then as 4 rows of 3 (both the (4, 1) graph)
+    flat = list(range(1, 13))
+    gr.run(step_io([1] * 3, [-1] * 3, [7, 8, 9], [flat[i:i + 4] for i in (0, 4, 8)]))
+    gr.run(step_io([1] * 4, [-1] * 4, [7, 8, 9, 10], [flat[i:i + 3] for i in (0, 3, 6, 9)]))
+    seen = gr.graphs[(4, 1)].graph.seen["tables"]
+    assert seen[:, :3].tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+
+
+def test_a_full_block_with_a_row_without_logits_returns_only_the_logits_rows():
+    gr = graphs()
+    batch = step_io([1, 1], [-1, -1], [7, 8], [[5], [6]])
+    batch.logits_indices = torch.tensor([1])     # the first row: a prefill chunk, no logits
+    hidden, logits = gr.run(batch)
+    g = gr.graphs[(2, 1)]
+    assert hidden.shape[0] == 2 and torch.equal(logits, g.logits[[1]])
