@@ -11,9 +11,10 @@ from mtpserve.engine.state_cache import LinearAttnShape, StateCache
 from mtpserve.spec.draft_ahead import AheadStep
 
 
-def _cache() -> StateCache:
+def _cache(dtype: torch.dtype = torch.float32) -> StateCache:
+    """Conv states in ``dtype``, SSM states in float32."""
     shape = LinearAttnShape(conv_dim=3, kernel=3, num_v_heads=2, head_k_dim=2, head_v_dim=2)
-    cache = StateCache(2, shape, 4, torch.float32, torch.float32, torch.device("cpu"),
+    cache = StateCache(2, shape, 4, dtype, torch.float32, torch.device("cpu"),
                        max_drafts=3, scratch_rows=2)
     # scratch row r, position p of layer l holds 100 l + 10 r + p everywhere
     for t in (cache._conv_scratch, cache._ssm_scratch):
@@ -60,22 +61,27 @@ from mtpserve.kernels import state_commit_triton as k
 from test_state_commit import _cache
 assert isinstance(k._commit_kernel, InterpretedFunction)
 k.BLOCK = 4                      # several chunks per state, the last one partial
-kernel, ref = _cache(), _cache()
+kernel, ref = _cache(torch.bfloat16), _cache(torch.bfloat16)   # two dtypes in one launch
 slots, rows, accepted = torch.tensor([3, 1, 0]), torch.tensor([0, 1, 2]), torch.tensor([2, 0, 3])
-for pool, scratch in ((kernel._conv, kernel._conv_scratch), (kernel._ssm, kernel._ssm_scratch)):
-    k.commit_states(pool, scratch, slots, rows, accepted)
+k.commit_states([(kernel._ssm, kernel._ssm_scratch), (kernel._conv, kernel._conv_scratch)],
+                slots, rows, accepted)
+one = _cache(torch.bfloat16)     # one pair alone
+k.commit_states([(one._conv, one._conv_scratch)], slots, rows, accepted)
 for s, r, a in zip(slots.tolist(), rows.tolist(), accepted.tolist()):
     ref.commit(s, r, a)
 print("RESULT " + json.dumps([torch.equal(kernel._conv, ref._conv),
                               torch.equal(kernel._ssm, ref._ssm),
-                              kernel._ssm[1, 0].unique().tolist()]))
+                              kernel._ssm[1, 0].unique().tolist(),
+                              torch.equal(one._conv, ref._conv),
+                              one._ssm.abs().sum().item()]))
 """
 
 
 def test_commit_kernel_under_triton_interpreter_equals_the_host_commits():
     """kernels/state_commit_triton.py: three sequences (one on the pad scratch row), every
-    layer, chunks of 4 elements (the last one partial), exactly the host's per-sequence
-    commits; layer 1, slot 0 holds scratch row 2 after query token 3."""
+    layer, both state kinds (bfloat16 conv, float32 SSM) in one launch, chunks of 4 elements (the last one partial),
+    exactly the host's per-sequence commits; layer 1, slot 0 holds scratch row 2 after query
+    token 3; a single pair commits only its own kind."""
     import json
     import os
     import sys
@@ -83,8 +89,9 @@ def test_commit_kernel_under_triton_interpreter_equals_the_host_commits():
     sys.path.insert(0, os.path.dirname(__file__))
     from interpreted import run_interpreted
 
-    conv, ssm, unique = json.loads(run_interpreted(_INTERPRETED, timeout=300))
+    conv, ssm, unique, one_conv, one_ssm = json.loads(run_interpreted(_INTERPRETED, timeout=300))
     assert conv and ssm and unique == [123.0]
+    assert one_conv and one_ssm == 0.0          # one pair: only that state kind
 
 
 def test_commit_kernel_rejects_mismatched_states():
@@ -93,6 +100,11 @@ def test_commit_kernel_rejects_mismatched_states():
     cache = _cache()
     idx = torch.tensor([0])
     with pytest.raises(ValueError, match="do not match"):
-        commit_states(cache._conv, cache._ssm_scratch, idx, idx, idx)
+        commit_states([(cache._conv, cache._ssm_scratch)], idx, idx, idx)
     with pytest.raises(ValueError, match="do not match"):
-        commit_states(cache._ssm, cache._ssm_scratch, idx, idx, torch.tensor([0, 1]))
+        commit_states([(cache._ssm, cache._ssm_scratch)], idx, idx, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="do not match"):   # the second pair's other layers
+        commit_states([(cache._ssm, cache._ssm_scratch),
+                       (cache._conv[:1], cache._conv_scratch[:1])], idx, idx, idx)
+    with pytest.raises(ValueError, match="one or two"):
+        commit_states([], idx, idx, idx)

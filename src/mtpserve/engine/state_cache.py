@@ -110,15 +110,14 @@ class StateCache:
                     positions: torch.Tensor) -> None:
         """:meth:`commit` for B sequences from device tensors (no host sync): ``slots[b]`` takes
         the state after query token ``positions[b]`` of scratch row ``rows[b]`` (all [B] int64;
-        slots distinct). On CUDA one copy kernel per state kind (kernels/state_commit_triton.py:
-        each state read once); elsewhere index_select / index_copy_ over the rows flattened
+        slots distinct). On CUDA one copy kernel for both state kinds
+        (kernels/state_commit_triton.py: each state read once); elsewhere index_select / index_copy_ over the rows flattened
         with the positions."""
         if use_triton(self._ssm):
             from mtpserve.kernels.state_commit_triton import commit_states
 
-            for pool, scratch in ((self._conv, self._conv_scratch),
-                                  (self._ssm, self._ssm_scratch)):
-                commit_states(pool, scratch, slots, rows, positions)
+            commit_states([(self._ssm, self._ssm_scratch), (self._conv, self._conv_scratch)],
+                          slots, rows, positions)
             return
         flat = torch.add(positions, rows, alpha=self._conv_scratch.shape[2])  # row * P + pos
         for pool, scratch in ((self._conv, self._conv_scratch), (self._ssm, self._ssm_scratch)):
