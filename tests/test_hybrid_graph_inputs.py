@@ -213,3 +213,18 @@ def test_a_full_block_with_a_row_without_logits_returns_only_the_logits_rows():
     hidden, logits = gr.run(batch)
     g = gr.graphs[(2, 1)]
     assert hidden.shape[0] == 2 and torch.equal(logits, g.logits[[1]])
+
+
+def test_the_step_takes_the_graphs_state_slots_as_its_own():
+    """A step whose state slots were never uploaded (``prepare`` leaves them to whoever reads
+    them) gets the graph's static slots once written: the device rollback after the verify
+    (spec/draft_ahead.py ``commit_ahead``) reads them without an upload of its own."""
+    gr = graphs()
+    batch = step_io([4, 4], [3, 5], [7, 8], [[0, 1], [1, 2]])
+    gr.run(batch)
+    static = gr.graphs[(2, 4)].batch.extra["linear_attn"].slots
+    meta = batch.extra["linear_attn"]
+    assert meta.slots.data_ptr() == static.data_ptr() and meta.slots.tolist() == [7, 8]
+    padded = step_io([4, 2, 1], [3, 5, -1], [7, 8, 9], [[0, 1], [1, 2], [2, 3]])
+    gr.run(padded)                                   # three of the (4, 4) block's rows
+    assert padded.extra["linear_attn"].slots.tolist() == [7, 8, 9]

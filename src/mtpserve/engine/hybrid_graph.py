@@ -129,8 +129,10 @@ class HybridGraphRunner(CudaGraphRunner):
             where_t = self._fill_padded(g, batch, key)
         write_tables(self.written, key, s.block_tables, batch)
         slots = meta.slots_cpu + [self.runner.state_cache.pad_slot] * (Bg - B)
+        static = s.extra["linear_attn"].slots
         if self.written.stale(key, "slots", slots):
-            to_device_into(s.extra["linear_attn"].slots, slots)
+            to_device_into(static, slots)
+        meta.adopt_slots(static if B == Bg else static[:B])
         g.graph.replay()
         if full:   # the block is the batch: copies, not views of the graph's outputs
             if "acceptance" in s.extra:   # used before the next replay: queued ahead of it

@@ -154,3 +154,11 @@ class LinearAttnMetadata:
         if self._slots is None:
             self._slots = to_device(self.slots_cpu, torch.int64, self._device)
         return self._slots
+
+    def adopt_slots(self, t: torch.Tensor) -> None:
+        """Take ``t`` [B] int64, a device tensor holding ``slots_cpu`` already, as ``slots``
+        unless they were uploaded (a CUDA graph's static input once the step wrote it: read by
+        the step's own kernels, queued before the next step rewrites it), so the step uploads
+        none of its own."""
+        if self._slots is None:
+            self._slots = t
