@@ -228,6 +228,21 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
     done
   done
   ;;
+s32a)     # prepared in session 31 for the next session's first call (carry .snapold with f3a09bc's src): the GPU tests of the commits made after session 31's last GPU run (one-launch state commit, row_argmax checks, adopted state slots); the MTP step against .snapold in alternating processes, three rounds; the step traces (at most 8 files come back)
+  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  for i in 1 2 3; do
+    for tree in new old; do
+      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
+        --mtp --token-map-size 32768 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
+    done
+  done
+  mkdir -p /tmp/res
+  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+  ;;
 s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's device time per replay (FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   for n in 32768 8192; do
