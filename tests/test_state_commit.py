@@ -79,9 +79,9 @@ print("RESULT " + json.dumps([torch.equal(kernel._conv, ref._conv),
 
 def test_commit_kernel_under_triton_interpreter_equals_the_host_commits():
     """kernels/state_commit_triton.py: three sequences (one on the pad scratch row), every
-    layer, both state kinds (bfloat16 conv, float32 SSM) in one launch, chunks of 4 elements (the last one partial),
-    exactly the host's per-sequence commits; layer 1, slot 0 holds scratch row 2 after query
-    token 3; a single pair commits only its own kind."""
+    layer, both state kinds (bfloat16 conv, float32 SSM) in one launch, chunks of 4 elements
+    (the last one partial), exactly the host's per-sequence commits; layer 1, slot 0 holds
+    scratch row 2 after query token 3; a single pair commits only its own kind."""
     import json
     import os
     import sys

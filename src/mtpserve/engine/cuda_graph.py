@@ -184,22 +184,23 @@ class CudaGraphRunner:
         replay it; return that graph (its outputs hold the step's until its next replay)."""
         T, B = batch.num_tokens, batch.num_seqs
         g = self.graph_for(batch)
-        s, m = g.batch, batch.attn
-        if T == s.input_ids.shape[0] and batch.token_io is not None:   # one copy each
+        s, m, size = g.batch, batch.attn, g.batch.input_ids.shape[0]   # size: the graph's key
+        full = T == size   # the step fills the graph: its runs of inputs in one copy each
+        if full and batch.token_io is not None:
             s.token_io.copy_(batch.token_io)
         else:
             s.input_ids[:T].copy_(batch.input_ids)
             s.positions[:T].copy_(batch.positions)
             s.slot_mapping[:T].copy_(batch.slot_mapping)
-        if T == s.input_ids.shape[0] and m.rows_io is not None:
+        if full and m.rows_io is not None:
             s.attn.rows_io.copy_(m.rows_io)
         else:
             s.attn.table_row[:T].copy_(m.table_row)
             s.attn.kv_len[:T].copy_(m.kv_len)
-        if T < s.input_ids.shape[0]:   # padding tokens: the pad slot, one key of table row 0
+        if not full:   # padding tokens: the pad slot, one key of table row 0
             s.slot_mapping[T:].fill_(self.runner.pad_slot)
             s.attn.table_row[T:].zero_()
             s.attn.kv_len[T:].fill_(1)
-        write_tables(self.written, s.input_ids.shape[0], s.block_tables, batch)
+        write_tables(self.written, size, s.block_tables, batch)
         g.graph.replay()
         return g

@@ -143,7 +143,7 @@ class ModelRunner:
                   for x in s.seq.block_table + [0] * (width - len(s.seq.block_table))]
         i32 = to_device([0] + _cumsum(qlens) + rows_of + [x + 1 for x in pos] + tables,
                         torch.int32, self.device)
-        # views in two split calls (one slice each costs the host a few us)
+        # the views in four split calls (a slice each costs the host a few us)
         token_io, qlen_t, slen_t, logits_t = i64.split([3 * T, B, B, len(logits_idx)])
         starts, rows_io, tables_t = i32.split([B + 1, 2 * T, B * width])
         ids_t, pos_t, slots_t = token_io.split(T)

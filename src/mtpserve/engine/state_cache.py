@@ -111,8 +111,8 @@ class StateCache:
         """:meth:`commit` for B sequences from device tensors (no host sync): ``slots[b]`` takes
         the state after query token ``positions[b]`` of scratch row ``rows[b]`` (all [B] int64;
         slots distinct). On CUDA one copy kernel for both state kinds
-        (kernels/state_commit_triton.py: each state read once); elsewhere index_select / index_copy_ over the rows flattened
-        with the positions."""
+        (kernels/state_commit_triton.py: each state read once); elsewhere index_select /
+        index_copy_ over the rows flattened with the positions."""
         if use_triton(self._ssm):
             from mtpserve.kernels.state_commit_triton import commit_states
 

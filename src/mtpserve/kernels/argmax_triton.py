@@ -79,11 +79,11 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, map_ptr, out_ptr, N
 def row_argmax(x: torch.Tensor, id_map: torch.Tensor | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """Per row of ``x`` [M, N] float32, bfloat16 or float16 (rows contiguous), the index of its
-    largest value, ties to the lowest, a NaN above all (module doc): ``torch.argmax(x, -1)`` [M] int64; with ``id_map`` [N] int64,
-    ``id_map[argmax]`` (int64 whatever ``id_map``'s integer dtype). ``out``: a contiguous [M]
-    int64 tensor to write instead of a new one. Off CUDA (and under no Triton) the PyTorch
-    ops. Raises ``ValueError`` for another dtype or shape
-    of ``x`` or ``out``, or more rows than the arrival counters hold."""
+    largest value, ties to the lowest, a NaN above all (module doc): ``torch.argmax(x, -1)``
+    [M] int64; with ``id_map`` [N] int64, ``id_map[argmax]`` (int64 whatever ``id_map``'s
+    integer dtype). ``out``: a contiguous [M] int64 tensor to write instead of a new one. Off
+    CUDA (and under no Triton) the PyTorch ops. Raises ``ValueError`` for another dtype or
+    shape of ``x`` or ``out``, or more rows than the arrival counters hold."""
     if x.dim() != 2 or x.dtype not in _FLOATS or x.stride(-1) != 1 or x.shape[1] == 0:
         raise ValueError(f"row_argmax: needs [M, N > 0] float rows, contiguous along N; got "
                          f"{tuple(x.shape)} {x.dtype} strides {x.stride()}")

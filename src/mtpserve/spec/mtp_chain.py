@@ -89,6 +89,19 @@ def plan_chain(rows: list[ChainRow], steps: int, padded: int, block_size: int,
                      tables, width)
 
 
+def pick_variants(variants: torch.Tensor, num_variants: int, pick: torch.Tensor,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """One ChainPlan list of P rows from ``num_variants`` of them: ``variants`` the plans'
+    lists (int64 or int32) back to back, flat; ``pick`` [P] int64 on the device, row p's
+    variant (the innermost axis of every list is the row). Returns the [n P] list (written
+    into ``out`` if given); one gather, no host sync (graph-capturable)."""
+    P = pick.shape[0]
+    n = variants.shape[0] // (num_variants * P)
+    index = pick.view(1, 1, P).expand(1, n, P)
+    dst = None if out is None else out.view(1, n, P)
+    return torch.gather(variants.view(num_variants, n, P), 0, index, out=dst).view(-1)
+
+
 def table_width(rows: list[ChainRow], block_size: int) -> int:
     """Block-table columns a chain over ``rows`` reads (its last real step's keys)."""
     return max((r.num_tokens - 3 + max(r.budget, 1)) // block_size + 1 for r in rows)
@@ -180,11 +193,9 @@ class DraftChain:
         up = to_device([x for p in plans for x in p.i64] + [x for p in plans for x in p.i32]
                        + plans[0].tables, torch.int64, dev)
         small = up[V * n64:].to(torch.int32)
-        i32, tables = small[:V * n32].view(V, n32 // P, P), small[V * n32:].view(B, width)
-        # row p (the innermost axis of every list) takes variant accepted[p]
-        i64 = up[:V * n64].view(V, n64 // P, P)
-        i64 = i64.gather(0, accepted.view(1, 1, P).expand(1, n64 // P, P)).view(-1)
-        i32 = i32.gather(0, accepted.view(1, 1, P).expand(1, n32 // P, P)).view(-1)
+        i32, tables = small[:V * n32], small[V * n32:].view(B, width)
+        i64 = pick_variants(up[:V * n64], V, accepted)
+        i32 = pick_variants(i32, V, accepted)
         inputs = ChainInputs.view(i64, i32, tables, P, steps)
         return self.forward(hidden.to(r.dtype), inputs, steps)
 

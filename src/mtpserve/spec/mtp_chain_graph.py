@@ -22,7 +22,7 @@ import torch
 from mtpserve.engine.cuda_graph import capture_graphs, graph_sizes
 from mtpserve.engine.forward_batch import to_device, to_device_into
 from mtpserve.engine.graph_inputs import WrittenInputs
-from mtpserve.spec.mtp_chain import ChainInputs, ChainPlan, DraftChain
+from mtpserve.spec.mtp_chain import ChainInputs, ChainPlan, DraftChain, pick_variants
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +93,8 @@ class ChainGraphs:
         """The captured work: row p's layout gathered from variant ``pick[p]``, then the
         chain."""
         if g.steps > 1:
-            P, V = g.pick.shape[0], self.max_steps + 1
             for out, var in ((g.i64, g.var64), (g.i32, g.var32)):
-                n = out.shape[0] // P
-                torch.gather(var.view(V, n, P), 0, g.pick.view(1, 1, P).expand(1, n, P),
-                             out=out.view(1, n, P))
+                pick_variants(var, self.max_steps + 1, g.pick, out=out)
         return self.chain.forward(g.hidden, g.inputs, g.steps)
 
     @torch.inference_mode()
