@@ -9,7 +9,11 @@ delta rule (kernels/gated_delta_rule.py); normalise each head's output with a ga
 Projection layouts: Qwen3-Next's ``in_proj_qkvz`` groups [q | k | v | z] per key head and
 ``in_proj_ba`` groups [b | a] per key head; Qwen3.5 has flat ``in_proj_qkv`` [q | k | v],
 ``in_proj_z``, ``in_proj_b``, ``in_proj_a``. Both load into one column-parallel ``in_proj`` (one
-matmul per step). Under TP each rank holds whole key-head groups.
+matmul per step) in the flat order [q | k | v | z | b | a]: Qwen3-Next's grouped rows are
+regrouped once at load (:func:`ungroup_qkvz`, :func:`ungroup_ba`), so that q, k, v come out of
+the product side by side (the conv's input, a view) and z, b, a as views too, where the grouped
+order needs a ``cat`` of q, k, v and a copy of z in every layer of every step. Under TP each rank
+holds whole key-head groups.
 
 State I/O follows engine/state_cache.py: each sequence starts from its slot's conv and SSM state
 and leaves the state after its last token there; sequences with a scratch row also leave the
@@ -87,6 +91,22 @@ class ShortConv(nn.Module):
 
     def weight_loader(self, param, loaded, shard_id=None):
         _load_sections(param, loaded.reshape(loaded.shape[0], -1), self.sections)
+
+
+def ungroup_qkvz(w: torch.Tensor, nk: int, dk: int, r: int, dv: int) -> torch.Tensor:
+    """Qwen3-Next's ``in_proj_qkvz`` rows [nk * (2 dk + 2 r dv), ...], grouped per key head as
+    [q (dk) | k (dk) | v (r dv) | z (r dv)], into the flat order [q | k | v | z] (each section
+    head after head; value head ``h * r + j`` is key head h's j-th). Works on a weight
+    [rows, H] or a bias [rows]; returns a new contiguous tensor."""
+    q, k, v, z = w.view(nk, 2 * dk + 2 * r * dv, *w.shape[1:]).split([dk, dk, r * dv, r * dv], 1)
+    return torch.cat([t.reshape(-1, *w.shape[1:]) for t in (q, k, v, z)])
+
+
+def ungroup_ba(w: torch.Tensor, nk: int) -> torch.Tensor:
+    """Qwen3-Next's ``in_proj_ba`` rows [2 nv, ...], grouped per key head as [b (r) | a (r)],
+    into [b (nv) | a (nv)] (value head ``h * r + j`` is key head h's j-th)."""
+    b, a = w.view(nk, 2, -1, *w.shape[1:]).unbind(1)
+    return torch.cat([b.reshape(-1, *w.shape[1:]), a.reshape(-1, *w.shape[1:])])
 
 
 class GatedRMSNorm(nn.Module):
@@ -237,10 +257,9 @@ class GatedDeltaNet(nn.Module):
         self.dk, self.dv = hf.linear_key_head_dim, hf.linear_value_head_dim
         self.kernel = hf.linear_conv_kernel_dim
         key_dim, value_dim = nk * self.dk, nv * self.dv
-        self.grouped = cfg.model_type == "qwen3_next"
-        sizes = ([2 * key_dim + 2 * value_dim, 2 * nv] if self.grouped
-                 else [key_dim, key_dim, value_dim, value_dim, nv, nv])
-        self.in_proj = SectionedColumnParallelLinear(cfg.hidden_size, sizes)
+        self.in_proj = SectionedColumnParallelLinear(
+            cfg.hidden_size, [key_dim, key_dim, value_dim, value_dim, nv, nv])
+        self.in_proj.weight.weight_loader = self._load_in_proj
         self.conv1d = ShortConv([key_dim, key_dim, value_dim], self.kernel)
         self.A_log = nn.Parameter(torch.empty(self.hv), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(self.hv), requires_grad=False)
@@ -255,21 +274,25 @@ class GatedDeltaNet(nn.Module):
     def _load_heads(self, param, loaded, shard_id=None):
         param.data.copy_(loaded.narrow(0, get_tp_rank() * self.hv, self.hv))
 
+    def _load_in_proj(self, param, loaded, shard_id=None):
+        """``in_proj``'s loader: Qwen3-Next's grouped ``in_proj_qkvz`` (``shard_id`` "qkvz") and
+        ``in_proj_ba`` ("ba"), whole checkpoint tensors, go in as the flat sections they hold;
+        Qwen3.5's flat tensors (section indices) as they are."""
+        if shard_id == "qkvz":
+            shard_id, loaded = (0, 1, 2, 3), ungroup_qkvz(loaded, self.hk * get_tp_size(),
+                                                          self.dk, self.hv // self.hk, self.dv)
+        elif shard_id == "ba":
+            shard_id, loaded = (4, 5), ungroup_ba(loaded, self.hk * get_tp_size())
+        self.in_proj.weight_loader(param, loaded, shard_id)
+
     def _split(self, proj: torch.Tensor):
-        """in_proj output -> mixed qkv [T, conv_dim], z [T, Hv, Dv], b, a [T, Hk, Hv / Hk]
-        (views; value head ``h`` at ``[:, h // r, h % r]``)."""
+        """in_proj output [T, 2 Hk Dk + 2 Hv Dv + 2 Hv] -> mixed qkv [T, conv_dim], z [T, Hv, Dv],
+        b, a [T, Hk, Hv / Hk] (views; value head ``h`` at ``[:, h // r, h % r]``)."""
         T, r = proj.shape[0], self.hv // self.hk
-        if not self.grouped:
-            kd, vd = self.hk * self.dk, self.hv * self.dv
-            mixed, z, b, a = proj.split([2 * kd + vd, vd, self.hv, self.hv], dim=-1)
-            return (mixed, z.reshape(T, self.hv, self.dv), b.unflatten(-1, (self.hk, r)),
-                    a.unflatten(-1, (self.hk, r)))
-        qkvz, ba = proj.split([self.hk * (2 * self.dk + 2 * r * self.dv), 2 * self.hv], dim=-1)
-        q, k, v, z = qkvz.view(T, self.hk, -1).split([self.dk, self.dk, r * self.dv,
-                                                      r * self.dv], dim=-1)
-        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
-        b, a = ba.view(T, self.hk, 2 * r).split([r, r], dim=-1)
-        return mixed, z.reshape(T, self.hv, self.dv), b, a
+        kd, vd = self.hk * self.dk, self.hv * self.dv
+        mixed, z, b, a = proj.split([2 * kd + vd, vd, self.hv, self.hv], dim=-1)
+        return (mixed, z.view(T, self.hv, self.dv), b.unflatten(-1, (self.hk, r)),
+                a.unflatten(-1, (self.hk, r)))
 
     def _gates(self, b, a, plan: RecurrentPlan):
         """b, a [T, Hk, Hv / Hk] -> beta, g [T, Hv] float32 (zero on a graph block's padding)."""

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 # checkpoint fragments of the linear-attention projections -> sections of our fused in_proj
 STACKED_HYBRID = STACKED_LLAMA + (
-    (".in_proj.", ".in_proj_qkvz.", 0), (".in_proj.", ".in_proj_ba.", 1),          # Qwen3-Next
+    (".in_proj.", ".in_proj_qkvz.", "qkvz"), (".in_proj.", ".in_proj_ba.", "ba"),  # Qwen3-Next
     (".in_proj.", ".in_proj_qkv.", (0, 1, 2)), (".in_proj.", ".in_proj_z.", 3),    # Qwen3.5
     (".in_proj.", ".in_proj_b.", 4), (".in_proj.", ".in_proj_a.", 5),
 )
