@@ -470,6 +470,19 @@ def test_fused_qk_norm_rope_kv_write_matches_torch():
     print(_fused_check().check_qk_norm_rope_kv_write("cuda"))
 
 
+def test_gated_attention_fused_path_matches_the_unfused_kernels():
+    """Qwen3-Next's gated attention on CUDA: q/k norm + partial RoPE + K/V write reading the
+    gated queries in place, attention, the output gate in one kernel, against the unfused
+    kernels and PyTorch's gate (tests/gated_attention_check.py); the gate kernel alone within
+    an ulp."""
+    import sys
+    sys.path.insert(0, "tests")
+    import gated_attention_check
+
+    print(gated_attention_check.check_output_gate("cuda"))
+    print(gated_attention_check.check_gated_attention("cuda"))
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_fused_model_forward_matches_cpu(model_type):
     """A tiny model's prefill + decode steps on CUDA (fused kernels, Triton paged attention)
