@@ -298,3 +298,28 @@ def _check_round_trip() -> None:
     assert b._merged_router() is None and b._router is None
     b.cuda()
     assert torch.equal(b._merged_router().cpu(), want)
+
+
+def check_combine(device) -> dict:
+    """kernels/moe_combine_triton.py ``moe_combine`` against PyTorch's ``addcmul(y.view(T, k,
+    H).sum(1), shared, gate)`` for T in {1, 3}, k in {8, 10}, H 300 (a partial last block):
+    bfloat16 within one ulp of each value, float32 within 1e-6 of the largest. Returns the worst
+    (ulps for bfloat16, relative for float32)."""
+    from fused_kernel_check import interpreter_rounding, rel_to_max, ulp_distance
+    from mtpserve.kernels.moe_combine_triton import moe_combine
+
+    worst = {}
+    g = torch.Generator().manual_seed(2)
+    with interpreter_rounding(device):
+        for dtype in (torch.float32, torch.bfloat16):
+            for T, k in ((1, 8), (3, 10)):
+                y, shared = (torch.randn(T * k, 300, generator=g).to(dtype),
+                             torch.randn(T, 300, generator=g).to(dtype))
+                gate = torch.rand(T, 1, generator=g).to(dtype)
+                want = torch.addcmul(y.view(T, k, 300).sum(1), shared, gate)
+                got = moe_combine(y.to(device), shared.to(device), gate.to(device)).cpu()
+                key = f"combine {str(dtype)[6:]}"
+                e = ulp_distance(got, want) if dtype == torch.bfloat16 else rel_to_max(got, want)
+                worst[key] = max(worst.get(key, 0), e)
+                assert e <= (1 if dtype == torch.bfloat16 else 1e-6), (T, k, dtype, e)
+    return worst

@@ -629,6 +629,12 @@ def _moe_router_check():
     return moe_router_check
 
 
+def test_moe_combine_kernel_matches_sum_then_addcmul():
+    """The MoE block's end in one kernel (sum over choices + gated shared expert) against
+    PyTorch's sum and addcmul: bfloat16 within an ulp, float32 within 1e-6."""
+    print(_moe_router_check().check_combine("cuda"))
+
+
 def test_moe_router_kernel_matches_torch_reference():
     """The routing kernel (softmax, top-k, renormalise, shared-gate sigmoid) against PyTorch in
     float32 and bfloat16 logits: exact ids (ties: lowest index), float32 weights within 1e-6,

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -27,7 +28,8 @@ from triton.runtime.interpreter import InterpretedFunction
 from mtpserve.kernels import moe_router_triton
 import moe_router_check as m
 assert isinstance(moe_router_triton._route_kernel, InterpretedFunction)
-out = {"route": m.check_route("cpu"), "block": m.check_block("cpu", rows=(1, 5))}
+out = {"route": m.check_route("cpu"), "block": m.check_block("cpu", rows=(1, 5)),
+       "combine": m.check_combine("cpu")}
 print("RESULT " + json.dumps(out))
 """
 
@@ -42,6 +44,22 @@ def test_router_kernel_and_block_under_triton_interpreter():
     assert {n.rsplit(" ", 1)[0] for n in res["block"]} == {"block built float32",
                                                             "block moved float32"}
     assert all(0 < e < 1e-5 for e in res["block"].values()), res["block"]
+    # the block's end (sum over choices + gated shared expert) in one kernel
+    assert res["combine"]["combine bfloat16"] <= 1 and res["combine"]["combine float32"] <= 1e-6
+
+
+def test_moe_combine_refuses_operands_that_do_not_fit():
+    pytest.importorskip("triton")
+    from mtpserve.kernels.moe_combine_triton import moe_combine
+
+    y, shared, gate = torch.zeros(16, 8), torch.zeros(2, 8), torch.zeros(2, 1)
+    with pytest.raises(ValueError, match="not \\[T \\* k, 8\\]"):
+        moe_combine(torch.zeros(15, 8), shared, gate)
+    with pytest.raises(ValueError, match="not contiguous"):
+        moe_combine(y, torch.zeros(8, 2).t(), gate)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        moe_combine(y, shared, gate.double())
+    assert moe_combine(y[:0], shared[:0], gate[:0]).shape == (0, 8)
 
 
 def test_reference_routing_is_the_blocks_softmax_topk():

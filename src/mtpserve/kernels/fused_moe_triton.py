@@ -374,8 +374,9 @@ def one_row_blocks(ids: torch.Tensor, block_m: int):
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor,
-                  tiles: MoETiles | None = None) -> torch.Tensor:
-    """Routed expert outputs, summed over each token's choices.
+                  tiles: MoETiles | None = None, sum_choices: bool = True) -> torch.Tensor:
+    """Routed expert outputs, summed over each token's choices (``sum_choices``; else one row
+    per (token, choice), [T * k, H] token-major, for kernels/moe_combine_triton.py).
 
     Args:
         x: [T, H] activations; ids: [T, k] int64 expert indices; weights: [T, k] routing weights;
@@ -410,4 +411,4 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         act, down, rows, block_expert, weights.contiguous().flatten(), out, n, H, inter,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), BM=bm, BN=t.down_n,
         BK=t.down_k, PRECISION=prec, num_warps=t.num_warps, **pdl.launch(x))
-    return out.view(T, k, H).sum(1)
+    return out.view(T, k, H).sum(1) if sum_choices else out

@@ -74,14 +74,17 @@ class FusedExperts(nn.Module):
             offset = 0 if part == "gate" else n
             param.data[e].narrow(0, offset, n).copy_(loaded.narrow(0, r * n, n))
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                sum_choices: bool = True) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k] (expert index, routing weight) -> [T, H] (this rank's
-        partial sum under TP). On CUDA: the grouped Triton GEMMs of kernels/fused_moe_triton.py
+        partial sum under TP), or without ``sum_choices`` [T * k, H], one weighted output per
+        (token, choice). On CUDA: the grouped Triton GEMMs of kernels/fused_moe_triton.py
         (no host sync, graph-capturable); elsewhere the loop over experts below (the reference)."""
         if use_triton(x):
             from mtpserve.kernels.fused_moe_triton import fused_experts
 
-            return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj)
+            return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj,
+                                 sum_choices=sum_choices)
         T, k = ids.shape
         flat = ids.flatten()
         order = flat.argsort(stable=True)
@@ -99,7 +102,7 @@ class FusedExperts(nn.Module):
             gate, up = F.linear(x[pick // k], self.gate_up_proj[e]).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, self.down_proj[e]) * w[pick].unsqueeze(-1)
             per_choice[pick] = y.to(x.dtype)
-        return per_choice.view(T, k, -1).sum(1)
+        return per_choice.view(T, k, -1).sum(1) if sum_choices else per_choice
 
 
 class SparseMoeBlock(nn.Module):
@@ -176,8 +179,9 @@ class SparseMoeBlock(nn.Module):
 
     def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
         """CUDA: one product for the router and the shared expert gate (float32 logits, see
-        :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and
-        ``routed + shared * gate`` in one op."""
+        :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and the sum over
+        each token's choices with ``+ shared * gate`` in one kernel (kernels/
+        moe_combine_triton.py; under TP the sum, the all-reduce, then ``addcmul``)."""
         from mtpserve.kernels.moe_router_triton import route
 
         w = self._merged_router()
@@ -188,6 +192,11 @@ class SparseMoeBlock(nn.Module):
             ids, weights, _ = route(self.gate(x), self.top_k, self.renormalize,
                                     out_dtype=x.dtype)
             gate = torch.sigmoid(self.shared_expert_gate(x))
+        if get_tp_size() == 1:
+            from mtpserve.kernels.moe_combine_triton import moe_combine
+
+            per_choice = self.experts(x, ids, weights, sum_choices=False)
+            return moe_combine(per_choice, self.shared_expert(x), gate)
         routed = tp_all_reduce(self.experts(x, ids, weights))
         return torch.addcmul(routed, self.shared_expert(x), gate)
 
