@@ -249,10 +249,10 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
     done
   done
   ;;
-s32a)     # prepared in session 31 for the next session's first call (carry .snapold with f3a09bc's src): the GPU tests of the commits made after session 31's last GPU run (one-launch state commit, row_argmax checks, adopted state slots); the MTP step against .snapold in alternating processes, three rounds; the step traces (at most 8 files come back)
-  timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+s33a)     # prepared in sessions 32-33 (no GPU in either) for the next first call (carry .snapold with a39325b's src, session 31's last tree): the GPU tests of every commit since session 31's last GPU run (one-launch state commit, row_argmax checks, adopted state slots; flat GDN in_proj, fused gated attention, MoE combine kernel); the MTP step and the decode / 4-token forwards against .snapold in alternating processes, three rounds; the step traces (kernels a step; at most 8 files come back)
+  timeout 240 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mtp_ab 3
-  step_traces 150
+  step_traces 120
   ;;
 s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's device time per replay (FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
