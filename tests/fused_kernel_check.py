@@ -328,15 +328,19 @@ def interpreter_rounding(device):
 
 
 @contextlib.contextmanager
-def triton_on_cpu(device, attention: bool = True):
+def triton_on_cpu(device, attention: bool = True, hybrid: bool = False):
     """On a CPU ``device`` (under TRITON_INTERPRET=1), make the layers take their Triton paths:
     every mtpserve module's ``use_triton`` answers True (``attention=False`` leaves
-    layers/attention.py on its PyTorch path). On CUDA, nothing to do."""
+    layers/attention.py on its PyTorch path; ``hybrid`` adds the hybrid layers and the MTP
+    module). On CUDA, nothing to do."""
     if torch.device(device).type != "cpu":
         yield
         return
     names = ["mtpserve.layers.norm", "mtpserve.layers.rotary", "mtpserve.layers.activation",
              "mtpserve.models.llama"] + (["mtpserve.layers.attention"] if attention else [])
+    if hybrid:
+        names += ["mtpserve.layers.gated_attention", "mtpserve.layers.linear_attention",
+                  "mtpserve.layers.moe", "mtpserve.models.mtp"]
     mods = [importlib.import_module(n) for n in names]
     saved = [m.use_triton for m in mods]
     for m in mods:

@@ -2,6 +2,8 @@
 its own KV-cache indexing, and draft logits over a 3-step chain equal to the MTP formula written
 out here with plain torch ops from the raw checkpoint tensors."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,12 +26,17 @@ def _one_thread():
         yield
 
 
-@pytest.fixture(scope="module", params=list(ARCHS))
-def setup(request):
-    model_type, kw, per_expert = ARCHS[request.param]
+def make_setup(arch: str):
+    """(HF model, its config, checkpoint tensors with mtp.*, our HybridHarness) of ``arch``."""
+    model_type, kw, per_expert = ARCHS[arch]
     hf, cfg = tiny_hybrid_hf(model_type, mtp_num_hidden_layers=1, **kw)
     weights = {**hf.state_dict(), **random_mtp_weights(hf, per_expert=per_expert)}
     return hf, hf.config, weights, HybridHarness(hf, weights=weights, hf_config=cfg)
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def setup(request):
+    return make_setup(request.param)
 
 
 # ---- the MTP formula from raw tensors -----------------------------------------------------
@@ -103,6 +110,37 @@ def test_draft_chain_matches_formula(setup):
     """Target prefill of n tokens, then the MTP over positions 0..n-1 (inputs x_{t+1}, h_t) in
     two calls, then two chained draft steps at positions n and n+1 fed the previous step's
     output (after mtp.norm) and its greedy draft: every logit row matches the formula."""
+    drafts, ref_drafts, err = chain_against_formula(setup)
+    assert drafts == ref_drafts
+    assert err <= TOL
+
+
+_INTERPRETED = """
+import json
+import fused_kernel_check as f, test_mtp_module as t
+out = {}
+for arch in ("qwen3_next", "qwen3_5_moe"):
+    setup = t.make_setup(arch)
+    with f.triton_on_cpu("cpu", attention=False, hybrid=True):
+        out[arch] = t.chain_against_formula(setup)
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_draft_chain_through_the_cuda_path_under_triton_interpreter():
+    """The same chain with every layer of the MTP module (and the target's) on its Triton path
+    (Triton's interpreter; attention on PyTorch's): the fc input's two norms written into one
+    buffer, the layer's residual add inside the final norm, fused gated attention, the MoE
+    combine kernel. Same drafts, logits within the tolerance of the formula."""
+    from interpreted import run_interpreted
+
+    for arch, (drafts, ref_drafts, err) in json.loads(run_interpreted(_INTERPRETED)).items():
+        assert drafts == ref_drafts and err <= TOL, (arch, err)
+
+
+def chain_against_formula(setup) -> tuple[list[int], list[int], float]:
+    """The chain of :func:`test_draft_chain_matches_formula`: (our drafts, the formula's, the
+    largest logit difference)."""
     hf, c, w, h = setup
     mtp, model = h.model.mtp, h.model
     ids = torch.randint(0, 256, (13,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -131,8 +169,7 @@ def test_draft_chain_matches_formula(setup):
             ref_tokens.append(logits[-1].argmax().item())
             ref_hidden = torch.cat([ref_hidden, y[-1:]])
         _, ref = mtp_reference(w, c, ref_tokens, ref_hidden)
-    assert drafts == ref_tokens[n:]
-    assert (ours - ref).abs().max().item() <= TOL
+    return drafts, ref_tokens[n:], (ours - ref).abs().max().item()
 
 
 def test_mtp_has_its_own_cache_index_and_ffn(setup):
@@ -160,3 +197,15 @@ def test_missing_mtp_tensors_are_named(setup):
         partial = {n: t for n, t in w.items() if n != one_expert[0]}
         with pytest.raises(ValueError, match="of the expert tensors of mtp.layers.0.mlp.experts"):
             HybridHarness(hf, weights=partial)
+
+
+def test_rms_norm_into_a_buffer_checks_the_buffer():
+    """The fc input's norms write into halves of one buffer (``rms_norm(out=...)``): a
+    destination of another width, dtype or a strided last dim is refused before any launch."""
+    pytest.importorskip("triton")
+    from mtpserve.kernels.fused_triton import rms_norm
+
+    x, w, buf = torch.zeros(3, 8), torch.zeros(8), torch.zeros(3, 16)
+    for bad in (buf[:, :7], buf[:, :8].double(), buf.view(3, 8, 2)[..., 0]):
+        with pytest.raises(ValueError, match="unit stride along the last dim"):
+            rms_norm(x, w, 1e-6, True, out=bad)

@@ -54,10 +54,25 @@ def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, ZERO_CENTERED: tl.cons
     tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x`` [..., N] (any float dtype); same shape and dtype."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` [..., N] (any float dtype); same shape and dtype.
+    ``out``: a 2-D [R, N] destination (R rows of x, any row stride, unit stride along N; e.g.
+    one half of a wider buffer), written and returned as it is.
+
+    Raises:
+        ValueError: ``out`` of another row count, width or dtype, or not unit stride along N."""
     shape = x.shape
     x2 = _rows(x)
+    if out is not None:
+        if out.dim() != 2 or out.shape != x2.shape or out.stride(1) != 1 or out.dtype != x.dtype:
+            raise ValueError(f"out {tuple(out.shape)} stride {out.stride()} {out.dtype}: expected "
+                             f"{tuple(x2.shape)} {x.dtype} with unit stride along the last dim")
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), shape[-1],
+                                         eps, ZERO_CENTERED=zero_centered,
+                                         BLOCK=triton.next_power_of_2(shape[-1]),
+                                         **pdl.launch(x))
+        return out
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     n = shape[-1]
     _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), n, eps,

@@ -29,6 +29,7 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.layers.attention import Attention
 from mtpserve.layers.embedding import VocabParallelEmbedding
 from mtpserve.layers.linear import ReplicatedLinear
@@ -70,8 +71,22 @@ class Qwen3NextMTP(nn.Module):
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, batch: ForwardBatch,
                 step: int = 0) -> torch.Tensor:
         embed, rotary = self._shared
-        e = self.pre_fc_norm_embedding(embed(input_ids))
-        x = self.fc(torch.cat([e, self.pre_fc_norm_hidden(hidden)], dim=-1))
+        x = self.fc(self._fc_input(embed(input_ids), hidden))
         rope = rotary.lookup(batch.positions, x.dtype)
-        x = self.layers[step % len(self.layers)](rope, x, batch)
-        return self.norm(x)
+        layer = self.layers[step % len(self.layers)]
+        h, residual = layer.forward_residual(rope, x, None, batch)
+        return self.norm.add_norm(h, residual)[0]   # the layer's residual add inside the norm
+
+    def _fc_input(self, e: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """``fc``'s input [T, 2H]: the normed embedding, then the normed target hidden state. On
+        CUDA both norms write their half of one buffer (two kernels, no ``cat``)."""
+        ne, nh = self.pre_fc_norm_embedding, self.pre_fc_norm_hidden
+        if not use_triton(hidden):
+            return torch.cat([ne(e), nh(hidden)], dim=-1)
+        from mtpserve.kernels.fused_triton import rms_norm
+
+        H = hidden.shape[-1]
+        out = hidden.new_empty(hidden.shape[0], 2 * H)
+        rms_norm(e, ne.weight, ne.eps, ne.zero_centered, out=out[:, :H])
+        rms_norm(hidden, nh.weight, nh.eps, nh.zero_centered, out=out[:, H:])
+        return out
