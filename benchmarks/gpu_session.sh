@@ -254,6 +254,15 @@ s33a)     # prepared in sessions 32-33 (no GPU in either) for the next first cal
   mtp_ab 3
   step_traces 120
   ;;
+s33b)     # session 33's changes graph by graph: each captured graph's device time per replay (FR-Spec 32k), new against .snapold (a39325b) in alternating processes, twice
+  for i in 1 2; do
+    for tree in new old; do
+      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 70 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 2>&1 \
+        | grep -v "it/s" | grep -E "us|Error" | sed "s/^/$tree: /" | tail -12
+    done
+  done
+  ;;
 s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's device time per replay (FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   for n in 32768 8192; do
