@@ -8,8 +8,9 @@ Tolerances as tests/fused_kernel_check.py's: the fused norm sums its squares in 
 so a bfloat16 value may flip by one ulp after a norm and the flips add up through RoPE and
 attention (within 2^-5 of the largest magnitude, at most 1% of the values); float32 within 1e-5
 of the largest magnitude; values (V) bit-exact. The output gate alone: bfloat16 within one ulp,
-float32 within 1e-6 of each value (its exp and division round in another order than PyTorch's
-sigmoid: ~3e-7 measured under the interpreter).
+float32 within 2e-6 of each value (its exp and division round in another order than PyTorch's
+sigmoid: ~3e-7 measured under the interpreter; the check allows 2e-6 for CUDA's approximate
+exp).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def check_output_gate(device) -> dict:
             _record(worst, dtype, "output_gate", got, ref)
             if dtype == torch.float32:   # float32 exp / division in another order
                 rel = float(((got - ref).abs() / ref.abs().clamp_min(1e-30)).max())
-                assert rel <= 1e-6, rel
+                assert rel <= 2e-6, rel   # CUDA's exp is approximate (ex2.approx)
             else:
                 assert ulp_distance(got, ref) <= 1, ulp_distance(got, ref)
     return worst
@@ -113,7 +114,7 @@ def check_gated_attention(device) -> dict:
     with interpreter_rounding(device), torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16):
             layer = copy.deepcopy(base).to(dtype)
-            # keys' first two slots stay empty: attention must not read them
+            # slots 0-1 stay zero and are attended as context in both paths (kv_len = pos + 3)
             x = torch.randn(6, cfg.hidden_size, generator=_gen(3)).to(dtype)
             layer, x = layer.to(device), x.to(device)
             ref = _steps(layer, cfg, x, device, fused=False)

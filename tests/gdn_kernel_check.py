@@ -108,7 +108,8 @@ def _gate_inputs(gen, bs, T, hk, hv, raw, dtype, lengths, dev):
     float32 and zero on padding."""
     pad = torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]            # [Bs, T]
     if raw:
-        # a, b interleaved per key head as Qwen3-Next's in_proj_ba: [Bs, T, Hk, 2r] -> views
+        # a, b interleaved per key head (strided views, as the grouped in_proj_ba once gave
+        # them): [Bs, T, Hk, 2r] -> views
         r = hv // hk
         ba = (3 * torch.randn(bs, T, hk, 2 * r, generator=gen)).to(dtype)
         ba[0, 0, 0, r] = 30.0                      # softplus above its threshold of 20

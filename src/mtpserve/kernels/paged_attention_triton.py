@@ -24,8 +24,8 @@ slower); BENCHMARKS.md, session 24 (commit 0d82b6d holds the code).
 
 Loads before the PDL wait (``EARLY_KV``): under PDL (kernels/pdl.py) a kernel may start while
 the one before it runs, but every kernel before that one has finished, since that one let it
-launch only after its own wait (or, a PyTorch kernel such as Qwen3-Next's V write, launched in
-plain stream order after all of them). The kernel before the attention writes q and this step's
+launch only after its own wait (or, a PyTorch kernel before it, launched in plain stream order
+after all of them). The kernel before the attention writes q and this step's
 K/V (or computes q); the lengths, block tables and older K/V come from earlier kernels or steps.
 So where partitions run in parallel programs (few tokens), each program loads its
 token's length and block-table row and its first tile's keys and values before the wait, and
