@@ -186,8 +186,11 @@ def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) ->
 def named_switches() -> dict:
     """``--compare``'s named switches: name -> (module, attr, value)."""
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
+    from mtpserve.layers import gated_attention, moe
 
     return {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
+                "no_fused_gated_attention": (gated_attention, "FUSED", False),
+                "no_moe_combine": (moe, "COMBINE_KERNEL", False),
                 "no_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
@@ -265,7 +268,8 @@ def main() -> None:
                          "always_pair_kernel, no_swiglu_epilogue, no_preload (no preloaded "
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
-                         "kernels at one row), recaptured, or "
+                         "kernels at one row), no_fused_gated_attention, no_moe_combine "
+                         "(hybrid shapes: session 33's kernels off), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "
                          "several joined by '+' set together): "
                          "also time batch-1 decode and batch-64 tok/s with every product on "

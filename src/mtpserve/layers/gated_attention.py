@@ -22,6 +22,11 @@ from mtpserve.layers.norm import RMSNorm
 from mtpserve.layers.rotary import RotaryEmbedding, _rope_parameters
 
 
+# off: CUDA takes the unfused path (the q/k norm and RoPE kernels, Attention.forward's K/V
+# write, PyTorch's gate copy, sigmoid and product), for benchmarks/gpu_decode.py --compare
+FUSED = True
+
+
 def rotary_dim(cfg: ModelConfig) -> int:
     """Channels of each head that RoPE rotates: ``int(head_dim * partial_rotary_factor)``."""
     hf = cfg.hf_config
@@ -63,7 +68,7 @@ class GatedAttention(nn.Module):
         """``x`` [T, H] (normed) -> [T, H]; ``rope`` from ``RotaryEmbedding.lookup``. Writes
         this step's K/V into the layer's cache in ``batch``."""
         qkv = self.qkv_proj(x)
-        if use_triton(qkv):
+        if FUSED and use_triton(qkv):
             return self.o_proj(self._fused_attend(qkv, rope[2], batch))
         T, nq, D = x.shape[0], self.attn.num_heads, self.head_dim
         q_gate = qkv[:, : self.q_size].view(T, nq, 2 * D)

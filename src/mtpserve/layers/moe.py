@@ -21,6 +21,11 @@ from mtpserve.layers.activation import SiluAndMul
 from mtpserve.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
 
+# off: CUDA ends a MoE block with PyTorch's sum over the choices and addcmul (two kernels)
+# instead of kernels/moe_combine_triton.py, for benchmarks/gpu_decode.py --compare
+COMBINE_KERNEL = True
+
+
 class GatedMLP(nn.Module):
     """SwiGLU feed-forward ``down(silu(gate(x)) * up(x))``: [T, H] -> [T, H]."""
 
@@ -192,7 +197,7 @@ class SparseMoeBlock(nn.Module):
             ids, weights, _ = route(self.gate(x), self.top_k, self.renormalize,
                                     out_dtype=x.dtype)
             gate = torch.sigmoid(self.shared_expert_gate(x))
-        if get_tp_size() == 1:
+        if COMBINE_KERNEL and get_tp_size() == 1:
             from mtpserve.kernels.moe_combine_triton import moe_combine
 
             per_choice = self.experts(x, ids, weights, sum_choices=False)
