@@ -34,14 +34,14 @@ NO_KERNEL = {
     "detach", "empty", "empty_like", "empty_strided", "new_empty",
     "new_empty_strided", "lift_fresh", "narrow", "chunk", "is_same_size",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim", "size", "stride",
-    "view_as", "result_type", "is_nonzero", "detach_",
+    "view_as", "result_type", "is_nonzero", "detach_", "resolve_conj", "resolve_neg",
 }
 # under inference mode these reach the dispatcher whole: a kernel only when they copy
 VIEW_IF_IT_CAN = {"reshape", "flatten", "unflatten", "contiguous"}
 # layer modules whose dispatch answers True here (Triton paths)
 TRITON_MODULES = ("layers.norm", "layers.rotary", "layers.activation", "layers.attention",
                   "layers.embedding", "layers.gated_attention", "layers.linear_attention",
-                  "layers.moe", "engine.state_cache", "kernels.argmax_triton")
+                  "layers.moe", "models.mtp", "engine.state_cache", "kernels.argmax_triton")
 
 
 def _caller() -> str:
@@ -171,13 +171,53 @@ def census_of(shape: str, drafts: int, layers: int | None = None
     return out
 
 
+def engine_census(shape: str, drafts: int, steps: int = 6
+                  ) -> tuple[collections.Counter, int]:
+    """Kernels of whole engine steps of one greedy request with MTP speculation (``drafts``
+    per step; verify, observe, draft chain, acceptance, state rollback, all the engine
+    launches): the launches of ``steps`` steps after the prefill and two warm-up steps, and
+    the number of steps counted. Random weights: every draft is rejected, as in
+    gpu_decode.py's MTP step."""
+    from mtpserve.bench.random_model import random_model_files
+    from mtpserve.config import EngineConfig, SpeculativeConfig
+    from mtpserve.engine.engine import LLMEngine
+    from mtpserve.layers.moe import SparseMoeBlock
+    from mtpserve.sampling_params import SamplingParams
+
+    census = Census()
+    _patch(census)
+    cfg = EngineConfig(device="cpu", dtype="bfloat16", max_model_len=512, max_num_seqs=4,
+                       speculative=SpeculativeConfig("nextn", num_steps=drafts))
+    eng = LLMEngine(cfg, files=random_model_files(shape, device="cpu"))
+    for m in eng.runner.model.modules():   # one router + shared-gate product, as on CUDA
+        if isinstance(m, SparseMoeBlock):
+            m.merge_router_weights()
+    eng.add_request("r", list(range(2, 22)),
+                    SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    with census:
+        for _ in range(3):   # the prefill, then two steps that make what later steps reuse
+            eng.step()
+        census.counts.clear()
+        for _ in range(steps):
+            eng.step()
+    return collections.Counter(census.counts), steps
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny-qwen3-next")
     ap.add_argument("--drafts", type=int, default=3)
     ap.add_argument("--layers", type=int, default=None,
                     help="decoder layers (qwen3-next-3b's structure: 12, full attention every 4th)")
+    ap.add_argument("--engine-steps", type=int, default=0, metavar="N",
+                    help="instead: N whole engine steps with MTP drafting (per step)")
     args = ap.parse_args(argv)
+    if args.engine_steps:
+        counts, n = engine_census(args.shape, args.drafts, args.engine_steps)
+        print(f"== {n} MTP engine steps: {sum(counts.values()) / n:.1f} kernels a step")
+        for (kind, name, line), c in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+            print(f"{c / n:6.1f}  {kind:6s} {name:32s} {line}")
+        return
     for step, counts in census_of(args.shape, args.drafts, args.layers).items():
         kinds = collections.Counter()
         for (kind, _, _), n in counts.items():
