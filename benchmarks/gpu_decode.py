@@ -191,6 +191,7 @@ def named_switches() -> dict:
     return {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "no_fused_gated_attention": (gated_attention, "FUSED", False),
                 "no_moe_combine": (moe, "COMBINE_KERNEL", False),
+                "no_folded_shared_expert": (moe, "FOLD_SHARED_EXPERT", False),
                 "no_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
@@ -268,8 +269,9 @@ def main() -> None:
                          "always_pair_kernel, no_swiglu_epilogue, no_preload (no preloaded "
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
-                         "kernels at one row), no_fused_gated_attention, no_moe_combine "
-                         "(hybrid shapes: session 33's kernels off), recaptured, or "
+                         "kernels at one row), no_fused_gated_attention, no_moe_combine, "
+                         "no_folded_shared_expert (hybrid shapes: session 33's kernels off; "
+                         "no_moe_combine also unfolds), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "
                          "several joined by '+' set together): "
                          "also time batch-1 decode and batch-64 tok/s with every product on "

@@ -78,6 +78,15 @@ def _compare(route, logits, k, renorm, shared, dtype, worst) -> None:
         gerr = (gate.cpu() - ref_gate).abs().max().item()
         worst["gate f32"] = max(worst.get("gate f32", 0.0), gerr)
         assert gate.shape == (logits.shape[0], 1) and gerr <= F32_TOL, gerr
+        # the shared expert as choice k + 1: the same k choices, then (E, the same gate)
+        ids_a, w_a, gate_a = route(logits, k, renorm, shared_gate=True,
+                                   out_dtype=torch.float32, append_shared=True)
+        E = logits.shape[1] - 1
+        assert ids_a.shape == w_a.shape == (logits.shape[0], k + 1)
+        assert torch.equal(ids_a[:, :k], ids) and torch.equal(w_a[:, :k], w)
+        assert bool((ids_a[:, k] == E).all()) and torch.equal(w_a[:, k:], gate)
+        assert gate_a.data_ptr() == w_a[:, k:].data_ptr()
+        worst["appended shared"] = worst.get("appended shared", 0) + 1
     else:
         assert gate is None
     if dtype != torch.float32:                           # weights rounded to the model dtype
@@ -129,7 +138,7 @@ def check_route(device, dtypes=(torch.float32,)) -> dict:
     assert int(ids.min()) >= 0 and int(ids.max()) < 64
     for args, kw in (((bad[0], 2), {}), ((bad, 0), {}), ((bad, 65), {}),
                      ((bad, 64), dict(shared_gate=True)), ((bad, 2), dict(rows_per_program=3)),
-                     ((bad.long(), 2), {})):
+                     ((bad.long(), 2), {}), ((bad, 2), dict(append_shared=True))):
         try:
             route(*args, **kw)
         except ValueError:
@@ -158,9 +167,11 @@ def _check_route_graph(route, worst) -> None:
 
 
 # ---- the whole block ----------------------------------------------------------------------------
-def block_cfg(E: int, k: int, renorm: bool = True, hidden: int = 64):
+def block_cfg(E: int, k: int, renorm: bool = True, hidden: int = 64, shared: int = 48):
+    """A SparseMoeBlock config: expert width 32, the shared expert ``shared`` wide (32: folded
+    into the experts' tensors, run as one more choice on the Triton path)."""
     hf = SimpleNamespace(num_experts=E, num_experts_per_tok=k, norm_topk_prob=renorm,
-                         moe_intermediate_size=32, shared_expert_intermediate_size=48)
+                         moe_intermediate_size=32, shared_expert_intermediate_size=shared)
     return SimpleNamespace(hidden_size=hidden, hf_config=hf)
 
 
@@ -216,13 +227,14 @@ def check_block(device, dtypes=(torch.float32,), rows=(1, 5, 37)) -> dict:
     checkpoint loads through the views) and moved there with ``.to()`` (merged again), E=64 k=8
     without renormalising, E=512 k=10 with; on CUDA also a captured CUDA graph replayed with new
     inputs and the merged storage after a dtype round trip; on the CPU the block merged by hand
-    and the unmerged two-product path."""
+    and the unmerged two-product path. E=64's shared expert is as wide as an expert (folded
+    into the experts' row E: the merged blocks run it as a (k+1)-th choice), E=512's is not."""
     from mtpserve.layers.moe import SparseMoeBlock
 
     cuda = torch.device(device).type == "cuda"
     worst: dict = {}
-    for E, k, renorm in ((64, 8, False), (512, 10, True)):
-        cfg = block_cfg(E, k, renorm)
+    for E, k, renorm, shared in ((64, 8, False, 32), (512, 10, True, 48)):
+        cfg = block_cfg(E, k, renorm, shared=shared)
         weights = block_weights(cfg, E + k)
         for dtype in dtypes:
             tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -238,6 +250,8 @@ def check_block(device, dtypes=(torch.float32,), rows=(1, 5, 37)) -> dict:
             _load(built, weights, dtype)
             moved = copy.deepcopy(ref).to(device, dtype)
             blocks = {"built": built, "moved": moved}
+            for b in blocks.values():   # a shared expert as wide as an expert: row E holds it
+                _check_folded(b, weights, dtype, folded=shared == 32)
             if cuda:
                 for b in blocks.values():
                     w = b._merged_router()
@@ -265,6 +279,21 @@ def check_block(device, dtypes=(torch.float32,), rows=(1, 5, 37)) -> dict:
     if cuda:
         _check_round_trip()
     return worst
+
+
+def _check_folded(block, weights, dtype, folded: bool) -> None:
+    """The shared expert's weights are views of the experts' row E holding the checkpoint's
+    values (gate rows, then up rows), or, unfolded, the experts hold only E rows."""
+    E, w = block.num_experts, dict(weights)
+    gu, down = block.experts.gate_up_proj, block.experts.down_proj
+    assert gu.shape[0] == down.shape[0] == E + int(folded) and block._runs_folded() == folded
+    if not folded:
+        return
+    want_gu = torch.cat([w["shared_expert.gate_proj.weight"], w["shared_expert.up_proj.weight"]])
+    assert torch.equal(gu[E].cpu(), want_gu.to(dtype))
+    assert torch.equal(down[E].cpu(), w["shared_expert.down_proj.weight"].to(dtype))
+    assert block.shared_expert.gate_up_proj.weight.data_ptr() == gu[E].data_ptr()
+    assert block.shared_expert.down_proj.weight.data_ptr() == down[E].data_ptr()
 
 
 def _check_block_graph(block, ref, dtype, tol, g, worst) -> None:

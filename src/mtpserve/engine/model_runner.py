@@ -83,7 +83,10 @@ class ModelRunner:
             torch.set_default_dtype(prev)
         model.load_weights((n, t.to(self.dtype)) for n, t in files.iter_weights())
         process_weights_after_loading(model)
-        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # by storage: parameters that are views of one tensor (the merged router, a shared
+        # expert folded into the experts' tensors: layers/moe.py) count once
+        nbytes = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                      for p in model.parameters()}.values())
         logger.info("model weights loaded: %.2f GiB on %s in %.1f s", nbytes / 2**30, self.device,
                     time.perf_counter() - t0)
         added = cpu_linear.pack_model_linears(model)

@@ -18,7 +18,9 @@ several under the CPU's interpreter) and:
 3. writes ``ids`` and the weights ``exp(l_id - max) / denominator`` (divided by their sum when
    renormalising), rounded once to the output dtype;
 4. with ``shared_gate``, column E of the logits is the shared expert gate's logit: writes
-   ``sigmoid`` of it, so the gate's [1, H] product can ride along in the router's product.
+   ``sigmoid`` of it, so the gate's [1, H] product can ride along in the router's product
+   (with ``append_shared``, as a (k+1)-th choice of expert E: the shared expert run by the
+   routed experts' kernels, layers/moe.py).
 
 Selecting on the logits makes the ids independent of the exp implementation (the GPU's
 ``ex2.approx`` and PyTorch's ``expf`` may round a probability differently), and the tie rule
@@ -47,7 +49,8 @@ MAX_EXPERTS = 1024
 @triton.jit
 def _route_kernel(logits_ptr, ids_ptr, w_ptr, gate_ptr, T, stride, E: tl.constexpr,
                   K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ROWS: tl.constexpr, RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr, PDL: tl.constexpr):
+                  ROWS: tl.constexpr, RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr,
+                  APPEND: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < T
@@ -73,14 +76,19 @@ def _route_kernel(logits_ptr, ids_ptr, w_ptr, gate_ptr, T, stride, E: tl.constex
     w = tl.exp(sel_l - top[:, None]) / denom[:, None]     # slots past K: 0
     if RENORMALIZE:
         w = w / tl.sum(w, 1)[:, None]
+    W = K + APPEND                               # a row's choices (APPEND: the shared one)
     keep = live[:, None] & (slot < K)[None, :]
-    out = rows[:, None] * K + slot[None, :]
+    out = rows[:, None] * W + slot[None, :]
     tl.store(ids_ptr + out, sel_id.to(tl.int64), mask=keep)
     tl.store(w_ptr + out, w.to(w_ptr.dtype.element_ty), mask=keep)
     if SHARED_GATE:
         g = tl.load(logits_ptr + rows_in * stride + E).to(tl.float32)
-        tl.store(gate_ptr + rows, (1.0 / (1.0 + tl.exp(-g))).to(gate_ptr.dtype.element_ty),
-                 mask=live)
+        gate = 1.0 / (1.0 + tl.exp(-g))
+        if APPEND:   # choice K: expert E (the shared one), weighted by its gate
+            tl.store(ids_ptr + rows * W + K, tl.full([ROWS], E, tl.int64), mask=live)
+            tl.store(w_ptr + rows * W + K, gate.to(w_ptr.dtype.element_ty), mask=live)
+        else:
+            tl.store(gate_ptr + rows, gate.to(gate_ptr.dtype.element_ty), mask=live)
 
 
 def _num_warps(block: int) -> int:
@@ -100,7 +108,7 @@ def _rows_per_program(T: int, device: torch.device) -> int:
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
           shared_gate: bool = False, out_dtype: torch.dtype | None = None,
-          rows_per_program: int | None = None):
+          rows_per_program: int | None = None, append_shared: bool = False):
     """Top-k softmax routing of each token (see the module docstring for the algorithm).
 
     Args:
@@ -114,12 +122,16 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
         out_dtype: dtype of the weights and the gate (default: the logits' dtype).
         rows_per_program: tokens per Triton program, a power of two (default: 1 on CUDA, up to
             64 on the CPU); the results do not depend on it.
+        append_shared: with ``shared_gate``: each token gets a (k+1)-th choice, expert E (the
+            shared expert, stored after the routed ones: layers/moe.py) weighted by the gate.
 
     Returns:
         ``(ids, weights, gate)``: ``ids`` [T, k] int64, expert indices by decreasing logit
         (equal logits: lowest index first); ``weights`` [T, k] in ``out_dtype``, their softmax
         probabilities (renormalised when asked); ``gate`` [T, 1] in ``out_dtype``,
-        ``sigmoid(logits[:, E])``, or None without ``shared_gate``.
+        ``sigmoid(logits[:, E])``, or None without ``shared_gate``. With ``append_shared``
+        ``ids`` and ``weights`` are [T, k + 1], column k holding E and the gate, and ``gate``
+        is that column of ``weights`` (a view).
 
     Raises:
         ValueError: logits not 2-D or not floating point, ``top_k`` outside [1, E], E above
@@ -134,6 +146,8 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
         raise ValueError(f"route takes at most {MAX_EXPERTS} experts, got {E}")
     if not 1 <= top_k <= E:
         raise ValueError(f"top_k must be in [1, {E}], got {top_k}")
+    if append_shared and not shared_gate:
+        raise ValueError("append_shared needs shared_gate (the gate weighs the shared choice)")
     rows = rows_per_program or _rows_per_program(T, logits.device)
     if rows < 1 or rows & (rows - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {rows}")
@@ -142,15 +156,19 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool = True,
     out_dtype = out_dtype or logits.dtype
     dev = logits.device
     # a dry forward (kernels/compile_ahead.py) does not run the kernel: ids stay valid indices
-    ids = (torch.zeros if compile_ahead.dry() else torch.empty)(T, top_k, dtype=torch.int64,
+    width = top_k + int(append_shared)
+    ids = (torch.zeros if compile_ahead.dry() else torch.empty)(T, width, dtype=torch.int64,
                                                                 device=dev)
-    weights = torch.empty(T, top_k, dtype=out_dtype, device=dev)
-    gate = torch.empty(T, 1, dtype=out_dtype, device=dev) if shared_gate else None
+    weights = torch.empty(T, width, dtype=out_dtype, device=dev)
+    if append_shared:
+        gate = weights[:, top_k:]
+    else:
+        gate = torch.empty(T, 1, dtype=out_dtype, device=dev) if shared_gate else None
     if T:
         block_e = triton.next_power_of_2(E)
         _route_kernel[(triton.cdiv(T, rows),)](
             logits, ids, weights, gate if shared_gate else weights, T, logits.stride(0), E=E,
             K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), ROWS=rows,
             RENORMALIZE=bool(renormalize), SHARED_GATE=bool(shared_gate),
-            num_warps=_num_warps(block_e * rows), **pdl.launch(logits))
+            APPEND=int(append_shared), num_warps=_num_warps(block_e * rows), **pdl.launch(logits))
     return ids, weights, gate

@@ -24,6 +24,9 @@ from mtpserve.layers.linear import MergedColumnParallelLinear, ReplicatedLinear,
 # off: CUDA ends a MoE block with PyTorch's sum over the choices and addcmul (two kernels)
 # instead of kernels/moe_combine_triton.py, for benchmarks/gpu_decode.py --compare
 COMBINE_KERNEL = True
+# off: on CUDA the shared expert runs as its own two products and SiLU-and-mul, not as a
+# (k+1)-th choice of the routed experts' kernels (SparseMoeBlock), for gpu_decode.py --compare
+FOLD_SHARED_EXPERT = True
 
 
 class GatedMLP(nn.Module):
@@ -42,35 +45,39 @@ class GatedMLP(nn.Module):
 class FusedExperts(nn.Module):
     """All experts' weights as 3-D tensors (HF's fused layout).
 
-    ``gate_up_proj`` [E, 2 * I_rank, H] (this rank's gate rows, then its up rows) and
-    ``down_proj`` [E, H, I_rank]. Loads either the fused checkpoint tensors
-    (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]; Qwen3.5-MoE and HF
-    state dicts) or one expert's tensor at a time with ``shard_id = (expert, "gate" | "up" |
-    "down")`` (Qwen3-Next checkpoints: ``experts.{e}.gate_proj.weight`` [I, H] ...).
+    ``gate_up_proj`` [E + extra, 2 * I_rank, H] (this rank's gate rows, then its up rows) and
+    ``down_proj`` [E + extra, H, I_rank]; ``extra`` rows after the E routed experts hold other
+    experts of the block's (SparseMoeBlock folds its shared expert there). Loads either the
+    fused checkpoint tensors (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H,
+    I]; Qwen3.5-MoE and HF state dicts) or one expert's tensor at a time with ``shard_id =
+    (expert, "gate" | "up" | "down")`` (Qwen3-Next checkpoints: ``experts.{e}.gate_proj.weight``
+    [I, H] ...). Both parameters carry ``num_experts`` (E) for the loader's completeness check.
     """
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, extra: int = 0):
         super().__init__()
         self.tp_rank, tp = get_tp_rank(), get_tp_size()
         if intermediate % tp:
             raise ValueError(f"moe_intermediate_size {intermediate} is not divisible by TP {tp}")
-        self.num_experts, self.inter = num_experts, intermediate // tp
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden),
+        self.num_experts, self.inter, self.extra = num_experts, intermediate // tp, extra
+        rows = num_experts + extra
+        self.gate_up_proj = nn.Parameter(torch.empty(rows, 2 * self.inter, hidden),
                                          requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, self.inter),
+        self.down_proj = nn.Parameter(torch.empty(rows, hidden, self.inter),
                                       requires_grad=False)
         for p in (self.gate_up_proj, self.down_proj):
             p.weight_loader = self.weight_loader
+            p.num_experts = num_experts
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        n, r = self.inter, self.tp_rank
+        n, r, E = self.inter, self.tp_rank, self.num_experts
         if shard_id is None:                       # fused [E, 2I, H] or [E, H, I]
             if param is self.down_proj:
-                param.data.copy_(loaded.narrow(2, r * n, n))
+                param.data[:E].copy_(loaded.narrow(2, r * n, n))
             else:
                 full = loaded.shape[1] // 2
-                param.data[:, :n].copy_(loaded.narrow(1, r * n, n))
-                param.data[:, n:].copy_(loaded.narrow(1, full + r * n, n))
+                param.data[:E, :n].copy_(loaded.narrow(1, r * n, n))
+                param.data[:E, n:].copy_(loaded.narrow(1, full + r * n, n))
             return
         e, part = shard_id
         if part == "down":
@@ -80,16 +87,19 @@ class FusedExperts(nn.Module):
             param.data[e].narrow(0, offset, n).copy_(loaded.narrow(0, r * n, n))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                sum_choices: bool = True) -> torch.Tensor:
+                sum_choices: bool = True, tile_rows: int | None = None) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k] (expert index, routing weight) -> [T, H] (this rank's
         partial sum under TP), or without ``sum_choices`` [T * k, H], one weighted output per
         (token, choice). On CUDA: the grouped Triton GEMMs of kernels/fused_moe_triton.py
-        (no host sync, graph-capturable); elsewhere the loop over experts below (the reference)."""
+        (no host sync, graph-capturable; ``tile_rows``: the row count whose tiles to take,
+        ``fused_moe_triton.moe_tiles``, default T * k); elsewhere the loop over experts below
+        (the reference)."""
         if use_triton(x):
-            from mtpserve.kernels.fused_moe_triton import fused_experts
+            from mtpserve.kernels.fused_moe_triton import fused_experts, moe_tiles
 
+            tiles = moe_tiles(tile_rows) if tile_rows else None
             return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj,
-                                 sum_choices=sum_choices)
+                                 tiles=tiles, sum_choices=sum_choices)
         T, k = ids.shape
         flat = ids.flatten()
         order = flat.argsort(stable=True)
@@ -133,12 +143,35 @@ class SparseMoeBlock(nn.Module):
         # Qwen3.5-MoE always renormalises the top-k weights (its config has no flag)
         self.renormalize = bool(getattr(hf, "norm_topk_prob", True))
         self.gate = ReplicatedLinear(cfg.hidden_size, hf.num_experts)
-        self.experts = FusedExperts(hf.num_experts, cfg.hidden_size, hf.moe_intermediate_size)
+        # a shared expert as wide as the routed ones lives in the experts' row E (see
+        # fold_shared_expert): on CUDA it runs as one more choice of their kernels
+        fold = hf.shared_expert_intermediate_size == hf.moe_intermediate_size
+        self.experts = FusedExperts(hf.num_experts, cfg.hidden_size, hf.moe_intermediate_size,
+                                    extra=int(fold))
         self.shared_expert = GatedMLP(cfg.hidden_size, hf.shared_expert_intermediate_size)
         self.shared_expert_gate = ReplicatedLinear(cfg.hidden_size, 1)
         self._router: torch.Tensor | None = None    # [E + 1, H] once merged
         if self.gate.weight.is_cuda:
             self.merge_router_weights()
+        self.fold_shared_expert()
+
+    def fold_shared_expert(self) -> bool:
+        """Where the experts hold a row for it (a shared expert as wide as a routed one), make
+        the shared expert's ``gate_up_proj`` [2I, H] and ``down_proj`` [H, I] weights views of
+        the experts' row E (their values copied there first); returns whether folded. Done at
+        construction and again after every move (``.to()`` copies parameters one by one, which
+        unties the views; both copies then hold the same values). Checkpoints load through the
+        views as before; the CPU runs the shared expert as its own MLP over them."""
+        if not self.experts.extra:
+            return False
+        E = self.num_experts
+        pairs = ((self.shared_expert.gate_up_proj.weight, self.experts.gate_up_proj),
+                 (self.shared_expert.down_proj.weight, self.experts.down_proj))
+        for p, rows in pairs:
+            if p.data_ptr() != rows[E].data_ptr():
+                rows.data[E].copy_(p.data)
+                p.data = rows.data[E]
+        return True
 
     def merge_router_weights(self) -> torch.Tensor:
         """Put ``gate.weight`` [E, H] and ``shared_expert_gate.weight`` [1, H] into one
@@ -169,6 +202,7 @@ class SparseMoeBlock(nn.Module):
             self.merge_router_weights()
         else:
             self._router = None
+        self.fold_shared_expert()
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,14 +216,39 @@ class SparseMoeBlock(nn.Module):
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
         return routed + shared
 
+    def _runs_folded(self) -> bool:
+        """Whether the CUDA forward runs the shared expert inside the routed experts' kernels:
+        folded (and still tied), one TP rank (the routed sum is all-reduced before the shared
+        expert's own all-reduced output is added), the switches on."""
+        E = self.num_experts
+        return (FOLD_SHARED_EXPERT and COMBINE_KERNEL and get_tp_size() == 1
+                and self.experts.extra > 0
+                and self.shared_expert.down_proj.weight.data_ptr()
+                == self.experts.down_proj[E].data_ptr()
+                and self.shared_expert.gate_up_proj.weight.data_ptr()
+                == self.experts.gate_up_proj[E].data_ptr())
+
     def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
         """CUDA: one product for the router and the shared expert gate (float32 logits, see
         :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and the sum over
-        each token's choices with ``+ shared * gate`` in one kernel (kernels/
-        moe_combine_triton.py; under TP the sum, the all-reduce, then ``addcmul``)."""
+        each token's choices in one kernel (kernels/moe_combine_triton.py). A folded shared
+        expert (:meth:`fold_shared_expert`) is one more choice of those GEMMs, weighed by its
+        gate: 5 kernels a layer. Otherwise the shared expert's own products and SiLU-and-mul,
+        and ``+ shared * gate`` in the combine kernel (under TP: the sum, the all-reduce, then
+        ``addcmul``)."""
         from mtpserve.kernels.moe_router_triton import route
 
         w = self._merged_router()
+        if w is not None and self._runs_folded():
+            from mtpserve.kernels.moe_combine_triton import moe_combine
+
+            # the shared expert as choice k + 1 (expert E, weighed by its gate); tiles as for
+            # the routed rows alone
+            ids, weights, _ = route(_router_logits(x, w), self.top_k, self.renormalize,
+                                    shared_gate=True, out_dtype=x.dtype, append_shared=True)
+            return moe_combine(self.experts(x, ids, weights, sum_choices=False,
+                                            tile_rows=x.shape[0] * self.top_k),
+                               k=self.top_k + 1)
         if w is not None:
             ids, weights, gate = route(_router_logits(x, w), self.top_k, self.renormalize,
                                        shared_gate=True, out_dtype=x.dtype)

@@ -207,6 +207,6 @@ class _ExpertLoader:
     def finish(self) -> set[str]:
         for target, got in self.seen.items():
             need = 1 if target.endswith("down_proj") else 2
-            if len(got) != self.params[target].shape[0] * need:
+            if len(got) != self.params[target].num_experts * need:
                 raise ValueError(f"checkpoint has {len(got)} of the expert tensors of {target}")
         return set(self.seen)
