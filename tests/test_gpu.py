@@ -158,7 +158,10 @@ def test_self_draft_replays_graphs_of_its_own(smol_graphs):
     assert all(m < NEAR_TIE for _, m in flips), f"divergences (token, top-2 margin): {flips}"
 
 
-def test_hybrid_model_on_cuda_matches_cpu(tmp_path):
+@pytest.mark.parametrize("shared", [48, 32])
+def test_hybrid_model_on_cuda_matches_cpu(tmp_path, shared):
+    """Greedy tokens on CUDA (graphs, eager, MTP, n-gram) equal the CPU's; shared expert 32
+    wide as the experts: folded into them on CUDA, its choices summed by the next norm."""
     import sys
     sys.path.insert(0, "tests")
     from harness_hybrid import random_mtp_weights, tiny_hybrid_hf
@@ -166,7 +169,8 @@ def test_hybrid_model_on_cuda_matches_cpu(tmp_path):
 
     from mtpserve import LLM
 
-    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1)
+    hf, _ = tiny_hybrid_hf("qwen3_next", mtp_num_hidden_layers=1,
+                           shared_expert_intermediate_size=shared)
     path = str(write_checkpoint(tmp_path / "tiny", hf, random_mtp_weights(hf)))
     prompts = [[5, 9, 33, 2, 71], list(range(2, 40)), [100, 101, 102] * 5]
     kw = dict(dtype="float32", max_model_len=256, num_kv_blocks=64, block_size=16)

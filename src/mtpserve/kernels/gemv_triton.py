@@ -164,10 +164,11 @@ class SplitKPartials:
     sums them itself (``fused_triton.add_rms_norm``), which saves the product its last program's
     arrival and second pass (kernels/arrival.py).
 
-    ``parts``: [SPLIT_K, M, N] float32, partial ``s`` over the s-th range of the reduction;
-    ``dtype``: the product's output dtype. The output is ``sum(parts[0], parts[1], ...)`` in
-    that order from zero, rounded once to ``dtype``, the same bits the product itself gives
-    (:meth:`total`)."""
+    ``parts``: [SPLIT_K, M, N] float32, partial ``s`` over the s-th range of the reduction
+    (any strides, unit stride along N; a sparse MoE block's per-choice outputs in the model
+    dtype are such partials too, layers/moe.py); ``dtype``: the product's output dtype. The
+    output is ``sum(parts[0], parts[1], ...)`` in that order from zero in float32, rounded once
+    to ``dtype``, the same bits the product itself gives (:meth:`total`)."""
     parts: torch.Tensor
     dtype: torch.dtype
 
@@ -186,7 +187,7 @@ class SplitKPartials:
     def total(self) -> torch.Tensor:
         """The summed [M, N] output in ``dtype`` (PyTorch ops; for consumers without a fused
         sum)."""
-        acc = self.parts[0].clone()
+        acc = self.parts[0].to(torch.float32, copy=True)
         for s in range(1, self.parts.shape[0]):
             acc += self.parts[s]
         return acc.to(self.dtype)

@@ -27,6 +27,9 @@ COMBINE_KERNEL = True
 # off: on CUDA the shared expert runs as its own two products and SiLU-and-mul, not as a
 # (k+1)-th choice of the routed experts' kernels (SparseMoeBlock), for gpu_decode.py --compare
 FOLD_SHARED_EXPERT = True
+# off: a folded block sums its choices in the combine kernel instead of leaving them to the
+# next norm (SparseMoeBlock.forward's defer_sum), for gpu_decode.py --compare
+DEFER_SUM = True
 
 
 class GatedMLP(nn.Module):
@@ -205,9 +208,13 @@ class SparseMoeBlock(nn.Module):
         self.fold_shared_expert()
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, defer_sum: bool = False):
+        """x [T, H] -> [T, H]; with ``defer_sum`` on CUDA, where the shared expert runs folded,
+        the (k+1) weighted outputs per token as ``SplitKPartials`` instead (a view of them, no
+        kernel), for the next ``RMSNorm.add_norm`` to sum in its own kernel: the same bits as
+        the combine kernel then the residual add."""
         if use_triton(x):
-            return self._forward_triton(x)
+            return self._forward_triton(x, defer_sum)
         probs = torch.softmax(self.gate(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
@@ -228,7 +235,7 @@ class SparseMoeBlock(nn.Module):
                 and self.shared_expert.gate_up_proj.weight.data_ptr()
                 == self.experts.gate_up_proj[E].data_ptr())
 
-    def _forward_triton(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_triton(self, x: torch.Tensor, defer_sum: bool = False):
         """CUDA: one product for the router and the shared expert gate (float32 logits, see
         :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and the sum over
         each token's choices in one kernel (kernels/moe_combine_triton.py). A folded shared
@@ -246,9 +253,15 @@ class SparseMoeBlock(nn.Module):
             # the routed rows alone
             ids, weights, _ = route(_router_logits(x, w), self.top_k, self.renormalize,
                                     shared_gate=True, out_dtype=x.dtype, append_shared=True)
-            return moe_combine(self.experts(x, ids, weights, sum_choices=False,
-                                            tile_rows=x.shape[0] * self.top_k),
-                               k=self.top_k + 1)
+            per_choice = self.experts(x, ids, weights, sum_choices=False,
+                                      tile_rows=x.shape[0] * self.top_k)
+            if defer_sum and DEFER_SUM:   # choice c of token t at row t (k + 1) + c
+                from mtpserve.kernels.gemv_triton import SplitKPartials
+
+                k1 = self.top_k + 1
+                return SplitKPartials(per_choice.view(-1, k1, x.shape[1]).transpose(0, 1),
+                                      x.dtype)
+            return moe_combine(per_choice, k=self.top_k + 1)
         if w is not None:
             ids, weights, gate = route(_router_logits(x, w), self.top_k, self.renormalize,
                                        shared_gate=True, out_dtype=x.dtype)

@@ -24,7 +24,7 @@ from mtpserve.layers.attention import Attention
 from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mtpserve.layers.gated_attention import GatedAttention, rotary_dim
 from mtpserve.layers.linear_attention import GatedDeltaNet
-from mtpserve.layers.moe import build_mlp
+from mtpserve.layers.moe import SparseMoeBlock, build_mlp
 from mtpserve.layers.norm import RMSNorm
 from mtpserve.layers.rotary import RotaryEmbedding
 from mtpserve.models.weights import STACKED_LLAMA, check_all_loaded, load_weights
@@ -48,7 +48,8 @@ class HybridDecoderLayer(nn.Module):
     ``forward_residual(rope, h, residual, batch) -> (h', residual')`` is the same layer with the
     residual carried separately, so that each residual add runs inside the next norm
     (``RMSNorm.forward(x, residual)``; one kernel on CUDA): the input is ``residual + h``
-    (``residual`` None: ``h``), the output ``residual' + h'``.
+    (``residual`` None: ``h``), the output ``residual' + h'``. On CUDA h' may be a sparse MoE
+    block's per-choice outputs (``SplitKPartials``), which that norm sums.
     """
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, layer_type: str, index: int,
@@ -63,17 +64,19 @@ class HybridDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                                 zero_centered=True)
         self.mlp = build_mlp(cfg, mlp_layer_idx)
+        self.sparse = isinstance(self.mlp, SparseMoeBlock)
 
     def forward(self, rope, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         h, residual = self.forward_residual(rope, x, None, batch)
-        return residual + h
+        return residual + (h.total() if hasattr(h, "total") else h)
 
     def forward_residual(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
                          batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         h, residual = self.input_layernorm.add_norm(h, residual)
         h = self.linear_attn(h, batch) if self.is_linear else self.self_attn(rope, h, batch)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        # a sparse MoE block may leave its per-choice outputs for the next norm to sum
+        return (self.mlp(h, defer_sum=True) if self.sparse else self.mlp(h)), residual
 
 
 def layer_types(cfg: ModelConfig) -> list[str]:
