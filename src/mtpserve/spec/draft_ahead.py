@@ -36,6 +36,7 @@ from mtpserve.engine.forward_batch import HostCopy, to_device
 from mtpserve.engine.sampler import SamplingRow, is_plain
 from mtpserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from mtpserve.engine.sequence import Sequence
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.spec.mtp_chain import ChainRow
 
 
@@ -156,7 +157,12 @@ def uniform_acceptance(input_ids: torch.Tensor, targets: torch.Tensor, B: int, k
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`greedy_acceptance` when every one of B sequences verifies k drafts, back to back
     (:func:`uniform`): views compared, nothing uploaded (graph-capturable). ``input_ids``,
-    ``targets`` [B (k + 1)] int64; returns accepted [B] int64 (written into ``out`` if given)."""
+    ``targets`` [B (k + 1)] int64; returns accepted [B] int64 (written into ``out`` if given).
+    On CUDA one kernel (kernels/accept_triton.py) where PyTorch takes four."""
+    if use_triton(input_ids) and input_ids.is_contiguous() and targets.is_contiguous():
+        from mtpserve.kernels.accept_triton import accepted_prefix
+
+        return accepted_prefix(input_ids, targets, B, k, out=out)
     match = input_ids.view(B, k + 1)[:, 1:] == targets.view(B, k + 1)[:, :k]
     return torch.sum(match.long().cumprod(1), 1, out=out)
 
