@@ -352,3 +352,61 @@ def check_combine(device) -> dict:
                 worst[key] = max(worst.get(key, 0), e)
                 assert e <= (1 if dtype == torch.bfloat16 else 1e-6), (T, k, dtype, e)
     return worst
+
+
+def check_deferred_sum(device, dtypes=(torch.float32,)) -> dict:
+    """A folded block (shared expert as wide as an expert, router merged) left to the next norm
+    (``defer_sum=True``: split partials) against its own combine kernel then the norm's
+    residual add: the same bits, in each of ``dtypes``, for 1 and 4 tokens; at 9 tokens (72
+    routed rows: sorted by expert) the block runs unfolded and returns a tensor. Returns the
+    number of cases compared."""
+    from fused_kernel_check import interpreter_rounding
+    from mtpserve.layers.norm import RMSNorm
+
+    cfg = block_cfg(64, 8, shared=32)
+    weights = block_weights(cfg, 3)
+    g = torch.Generator().manual_seed(5)
+    cases = 0
+    with interpreter_rounding(device), _triton_moe_on_cpu(device), _norm_on_cpu(device):
+        for dtype in dtypes:
+            block = copy.deepcopy(_loaded_block(cfg, weights)).to(device, dtype)
+            block.merge_router_weights()
+            norm = RMSNorm(cfg.hidden_size, 1e-6, zero_centered=True).to(device, dtype)
+            with torch.no_grad():
+                norm.weight.copy_(torch.randn(cfg.hidden_size, generator=g) * 0.2)
+            with torch.inference_mode():
+                for T in (1, 4, 9):
+                    x = torch.randn(T, cfg.hidden_size, generator=g).to(device, dtype)
+                    res = torch.randn(T, cfg.hidden_size, generator=g).to(device, dtype)
+                    parts = block(x, defer_sum=True)
+                    assert hasattr(parts, "total") == (T * 8 <= 64), (T, type(parts))
+                    want = norm.add_norm(block(x), res)
+                    got = norm.add_norm(parts, res)
+                    assert all(torch.equal(a, b) for a, b in zip(got, want)), (dtype, T)
+                    assert torch.equal(block(x), parts.total() if T < 9 else parts)
+                    cases += 1
+    return cases
+
+
+def _loaded_block(cfg, weights):
+    from mtpserve.layers.moe import SparseMoeBlock
+
+    block = SparseMoeBlock(cfg)
+    _load(block, weights, torch.float32)
+    return block
+
+
+@contextlib.contextmanager
+def _norm_on_cpu(device):
+    """On the CPU (under TRITON_INTERPRET=1): layers/norm.py takes its Triton kernels."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    from mtpserve.layers import norm
+
+    saved = norm.use_triton
+    norm.use_triton = lambda x: True
+    try:
+        yield
+    finally:
+        norm.use_triton = saved

@@ -633,6 +633,12 @@ def _moe_router_check():
     return moe_router_check
 
 
+def test_folded_moe_sum_left_to_the_next_norm_gives_the_combine_kernels_bits():
+    """A folded block's per-choice outputs summed by the next residual add + norm: the same
+    bits as the combine kernel then the norm, float32 and bfloat16."""
+    assert _moe_router_check().check_deferred_sum("cuda", (torch.float32, torch.bfloat16)) == 6
+
+
 def test_moe_combine_kernel_matches_sum_then_addcmul():
     """The MoE block's end in one kernel (sum over choices + gated shared expert) against
     PyTorch's sum and addcmul: bfloat16 within an ulp, float32 within 1e-6."""

@@ -29,7 +29,7 @@ from mtpserve.kernels import moe_router_triton
 import moe_router_check as m
 assert isinstance(moe_router_triton._route_kernel, InterpretedFunction)
 out = {"route": m.check_route("cpu"), "block": m.check_block("cpu", rows=(1, 5)),
-       "combine": m.check_combine("cpu")}
+       "combine": m.check_combine("cpu"), "deferred": m.check_deferred_sum("cpu")}
 print("RESULT " + json.dumps(out))
 """
 
@@ -46,6 +46,8 @@ def test_router_kernel_and_block_under_triton_interpreter():
     assert all(0 < e < 1e-5 for e in res["block"].values()), res["block"]
     # the block's end (sum over choices + gated shared expert) in one kernel
     assert res["combine"]["combine bfloat16"] <= 1 and res["combine"]["combine float32"] <= 1e-6
+    # a folded block's choices summed by the next norm: the combine kernel's bits
+    assert res["deferred"] == 3
 
 
 def test_moe_combine_refuses_operands_that_do_not_fit():

@@ -26,10 +26,11 @@ def _one_thread():
         yield
 
 
-def make_setup(arch: str):
-    """(HF model, its config, checkpoint tensors with mtp.*, our HybridHarness) of ``arch``."""
+def make_setup(arch: str, **overrides):
+    """(HF model, its config, checkpoint tensors with mtp.*, our HybridHarness) of ``arch``
+    (config ``overrides`` on top of ARCHS')."""
     model_type, kw, per_expert = ARCHS[arch]
-    hf, cfg = tiny_hybrid_hf(model_type, mtp_num_hidden_layers=1, **kw)
+    hf, cfg = tiny_hybrid_hf(model_type, mtp_num_hidden_layers=1, **{**kw, **overrides})
     weights = {**hf.state_dict(), **random_mtp_weights(hf, per_expert=per_expert)}
     return hf, hf.config, weights, HybridHarness(hf, weights=weights, hf_config=cfg)
 
@@ -119,10 +120,14 @@ _INTERPRETED = """
 import json
 import fused_kernel_check as f, test_mtp_module as t
 out = {}
-for arch in ("qwen3_next", "qwen3_5_moe"):
-    setup = t.make_setup(arch)
+for arch, kw in (("qwen3_next", {}), ("qwen3_5_moe", {}),
+                 ("qwen3_next", dict(shared_expert_intermediate_size=32))):
+    setup = t.make_setup(arch, **kw)
+    for block in setup[3].model.modules():   # merged as on CUDA: a folded block runs folded
+        if hasattr(block, "merge_router_weights"):
+            block.merge_router_weights()
     with f.triton_on_cpu("cpu", attention=False, hybrid=True):
-        out[arch] = t.chain_against_formula(setup)
+        out[arch + ("_folded" if kw else "")] = t.chain_against_formula(setup)
 print("RESULT", json.dumps(out))
 """
 
@@ -131,10 +136,13 @@ def test_draft_chain_through_the_cuda_path_under_triton_interpreter():
     """The same chain with every layer of the MTP module (and the target's) on its Triton path
     (Triton's interpreter; attention on PyTorch's): the fc input's two norms written into one
     buffer, the layer's residual add inside the final norm, fused gated attention, the MoE
-    combine kernel. Same drafts, logits within the tolerance of the formula."""
+    combine kernel; and a shared expert folded into the experts, its choices summed by the
+    final norm. Same drafts, logits within the tolerance of the formula."""
     from interpreted import run_interpreted
 
-    for arch, (drafts, ref_drafts, err) in json.loads(run_interpreted(_INTERPRETED)).items():
+    res = json.loads(run_interpreted(_INTERPRETED))
+    assert set(res) == {"qwen3_next", "qwen3_5_moe", "qwen3_next_folded"}
+    for arch, (drafts, ref_drafts, err) in res.items():
         assert drafts == ref_drafts and err <= TOL, (arch, err)
 
 

@@ -374,7 +374,9 @@ def one_row_blocks(ids: torch.Tensor, block_m: int):
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor,
-                  tiles: MoETiles | None = None, sum_choices: bool = True) -> torch.Tensor:
+                  tiles: MoETiles | None = None, sum_choices: bool = True,
+                  num_experts: int | None = None, routed_rows: int | None = None
+                  ) -> torch.Tensor:
     """Routed expert outputs, summed over each token's choices (``sum_choices``; else one row
     per (token, choice), [T * k, H] token-major, for kernels/moe_combine_triton.py).
 
@@ -384,19 +386,26 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         (or CPU under ``TRITON_INTERPRET=1``), weights in x's dtype.
 
         tiles: the kernels' tile sizes (default: :func:`moe_tiles` of the row count).
+        num_experts: the experts ``ids`` may name, for the sort by expert (default: E; fewer
+            when gate_up / down hold more rows than the routing uses, layers/moe.py).
+        routed_rows: the row count that picks the layout (one row a block, or sorted), the
+            block and the tiles (default: T * k; a folded shared expert's extra choice is not
+            counted, so a step takes the layout of its routed rows).
 
     Returns:
         [T, H] in x's dtype: ``sum_c w[t, c] * down_e(silu(gate_e x_t) * up_e x_t)``,
         ``e = ids[t, c]``.
     """
     T, k = ids.shape
-    E, two_i, H = gate_up.shape
+    rows_e, two_i, H = gate_up.shape
+    E = num_experts or rows_e
     inter, n = two_i // 2, T * k
-    bm = _block_m(n)
-    rows, block_expert = (one_row_blocks(ids, bm) if n <= ONE_ROW_BLOCKS
+    decide = routed_rows or n
+    bm = _block_m(decide)
+    rows, block_expert = (one_row_blocks(ids, bm) if decide <= ONE_ROW_BLOCKS
                           else align_by_expert(ids, E, bm))
     nb = block_expert.numel()
-    t = tiles or moe_tiles(n)
+    t = tiles or moe_tiles(decide)
     x = x.contiguous()
     act = x.new_empty(rows.numel(), inter)
     # float32 models get float32 products (tl.dot would take TF32 on Hopper)

@@ -69,9 +69,10 @@ def moe_combine(per_choice: torch.Tensor, shared: torch.Tensor | None = None,
             or (k and per_choice.shape[0] != T * k):
         raise ValueError(f"per_choice {tuple(per_choice.shape)} is not [T * k, {H}] for T {T}")
     ops = [per_choice] if shared is None else [per_choice, shared, gate]
-    if (gate is not None and gate.numel() != T) or not all(o.is_contiguous() for o in ops):
-        raise ValueError(f"gate {tuple(gate.shape)} is not [{T}, 1], or an operand is not "
-                         "contiguous")
+    if gate is not None and gate.numel() != T:
+        raise ValueError(f"gate {tuple(gate.shape)} is not [{T}, 1]")
+    if not all(o.is_contiguous() for o in ops):
+        raise ValueError("an operand is not contiguous")
     if any(o.dtype != per_choice.dtype for o in ops):
         raise ValueError(f"dtypes differ: {', '.join(str(o.dtype) for o in ops)}")
     out = per_choice.new_empty(T, H)

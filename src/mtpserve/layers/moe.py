@@ -90,19 +90,21 @@ class FusedExperts(nn.Module):
             param.data[e].narrow(0, offset, n).copy_(loaded.narrow(0, r * n, n))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                sum_choices: bool = True, tile_rows: int | None = None) -> torch.Tensor:
+                sum_choices: bool = True, extra_choice: bool = False) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k] (expert index, routing weight) -> [T, H] (this rank's
         partial sum under TP), or without ``sum_choices`` [T * k, H], one weighted output per
         (token, choice). On CUDA: the grouped Triton GEMMs of kernels/fused_moe_triton.py
-        (no host sync, graph-capturable; ``tile_rows``: the row count whose tiles to take,
-        ``fused_moe_triton.moe_tiles``, default T * k); elsewhere the loop over experts below
-        (the reference)."""
+        (no host sync, graph-capturable); with ``extra_choice`` the last choice of each token
+        names an extra row (E: a folded shared expert) and the layout is that of the k - 1
+        routed ones. Elsewhere the loop over experts below (the reference)."""
         if use_triton(x):
-            from mtpserve.kernels.fused_moe_triton import fused_experts, moe_tiles
+            from mtpserve.kernels.fused_moe_triton import fused_experts
 
-            tiles = moe_tiles(tile_rows) if tile_rows else None
-            return fused_experts(x, ids, weights, self.gate_up_proj, self.down_proj,
-                                 tiles=tiles, sum_choices=sum_choices)
+            T, k = ids.shape
+            return fused_experts(
+                x, ids, weights, self.gate_up_proj, self.down_proj, sum_choices=sum_choices,
+                num_experts=self.num_experts + (self.extra if extra_choice else 0),
+                routed_rows=T * (k - 1) if extra_choice else None)
         T, k = ids.shape
         flat = ids.flatten()
         order = flat.argsort(stable=True)
@@ -223,17 +225,29 @@ class SparseMoeBlock(nn.Module):
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
         return routed + shared
 
-    def _runs_folded(self) -> bool:
+    def _runs_folded(self, tokens: int | None = None) -> bool:
         """Whether the CUDA forward runs the shared expert inside the routed experts' kernels:
         folded (and still tied), one TP rank (the routed sum is all-reduced before the shared
-        expert's own all-reduced output is added), the switches on."""
+        expert's own all-reduced output is added), the switches on, and (given ``tokens``) a
+        step whose routed rows take one block each (decode, verify: ``ONE_ROW_BLOCKS``);
+        prefill keeps the shared expert's own products (large, on cuBLAS) and the sort by
+        routed experts alone."""
+        if not (FOLD_SHARED_EXPERT and COMBINE_KERNEL and self.experts.extra > 0
+                and get_tp_size() == 1 and self._tied()):
+            return False
+        if tokens is None:
+            return True
+        from mtpserve.kernels.fused_moe_triton import ONE_ROW_BLOCKS
+
+        return tokens * self.top_k <= ONE_ROW_BLOCKS
+
+    def _tied(self) -> bool:
+        """The shared expert's weights still views of the experts' row E (pointers only)."""
         E = self.num_experts
-        return (FOLD_SHARED_EXPERT and COMBINE_KERNEL and get_tp_size() == 1
-                and self.experts.extra > 0
-                and self.shared_expert.down_proj.weight.data_ptr()
-                == self.experts.down_proj[E].data_ptr()
-                and self.shared_expert.gate_up_proj.weight.data_ptr()
-                == self.experts.gate_up_proj[E].data_ptr())
+        return all(p.data_ptr() == rows.data_ptr() + E * rows.stride(0) * rows.element_size()
+                   for p, rows in ((self.shared_expert.gate_up_proj.weight,
+                                    self.experts.gate_up_proj),
+                                   (self.shared_expert.down_proj.weight, self.experts.down_proj)))
 
     def _forward_triton(self, x: torch.Tensor, defer_sum: bool = False):
         """CUDA: one product for the router and the shared expert gate (float32 logits, see
@@ -246,15 +260,16 @@ class SparseMoeBlock(nn.Module):
         from mtpserve.kernels.moe_router_triton import route
 
         w = self._merged_router()
-        if w is not None and self._runs_folded():
+        if w is not None and self._runs_folded(x.shape[0]):
             from mtpserve.kernels.moe_combine_triton import moe_combine
 
-            # the shared expert as choice k + 1 (expert E, weighed by its gate); tiles as for
-            # the routed rows alone
+            # the shared expert as choice k + 1 (expert E, weighed by its gate); layout and
+            # tiles as for the routed rows alone
             ids, weights, _ = route(_router_logits(x, w), self.top_k, self.renormalize,
                                     shared_gate=True, out_dtype=x.dtype, append_shared=True)
-            per_choice = self.experts(x, ids, weights, sum_choices=False,
-                                      tile_rows=x.shape[0] * self.top_k)
+            per_choice = self.experts(x, ids, weights, sum_choices=False, extra_choice=True)
+            # a few tokens only (the folded steps): the partials outlive this call until the
+            # next norm, next to the next layer's own
             if defer_sum and DEFER_SUM:   # choice c of token t at row t (k + 1) + c
                 from mtpserve.kernels.gemv_triton import SplitKPartials
 

@@ -94,7 +94,10 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
 
 
 def _num_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Parameters by storage: views of one tensor (a folded shared expert, the merged router:
+    layers/moe.py) count once."""
+    return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size()
+                for p in model.parameters()}.values())
 
 
 def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
