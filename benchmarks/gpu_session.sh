@@ -250,7 +250,7 @@ s30e)     # session 30: the summing down kernel (a decode / verify MoE's choices
   done
   ;;
 s33a)     # prepared in sessions 32-33 (no GPU in either) for the next first call (carry .snapold with a39325b's src, session 31's last tree): the GPU tests of every commit since session 31's last GPU run (one-launch state commit, row_argmax checks, adopted state slots; flat GDN in_proj, fused gated attention, MoE combine, folded shared expert, deferred MoE sum, acceptance kernel inside the verify graph); the MTP step and the decode / 4-token forwards against .snapold in alternating processes, three rounds
-  timeout 280 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+  timeout 280 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mtp_ab 3
   ;;
 s33c)     # session 33's step traces (kernels a step, host waits), one archive

@@ -487,6 +487,24 @@ def test_gated_attention_fused_path_matches_the_unfused_kernels():
     print(gated_attention_check.check_gated_attention("cuda"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embedding_norm_kernel_equals_embedding_then_norm(dtype):
+    """The MTP's normed token embedding in one kernel: the bits of the embedding lookup then
+    the RMSNorm kernel, written into the left half of a wider buffer."""
+    import torch.nn.functional as F
+
+    from mtpserve.kernels.fused_triton import embed_rms_norm, rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(1000, 2048, generator=g).to("cuda", dtype)
+    w = (torch.randn(2048, generator=g) * 0.2).to("cuda", dtype)
+    ids = torch.randint(0, 1000, (5,), generator=g).cuda()
+    out = torch.zeros(5, 4096, device="cuda", dtype=dtype)
+    embed_rms_norm(ids, table, w, 1e-6, True, out[:, :2048])
+    assert torch.equal(out[:, :2048], rms_norm(F.embedding(ids, table), w, 1e-6, True))
+    assert not out[:, 2048:].any()
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_fused_model_forward_matches_cpu(model_type):
     """A tiny model's prefill + decode steps on CUDA (fused kernels, Triton paged attention)

@@ -217,3 +217,16 @@ def test_rms_norm_into_a_buffer_checks_the_buffer():
     for bad in (buf[:, :7], buf[:, :8].double(), buf.view(3, 8, 2)[..., 0]):
         with pytest.raises(ValueError, match="unit stride along the last dim"):
             rms_norm(x, w, 1e-6, True, out=bad)
+
+
+def test_embedding_norm_kernel_checks_its_operands():
+    """The MTP's normed token embedding in one kernel (``embed_rms_norm``) refuses a
+    destination of another shape or dtype and a table strided along its rows' values."""
+    pytest.importorskip("triton")
+    from mtpserve.kernels.fused_triton import embed_rms_norm
+
+    ids, table, w = torch.zeros(3, dtype=torch.int64), torch.zeros(10, 8), torch.zeros(8)
+    for tab, out in ((table, torch.zeros(3, 7)), (table, torch.zeros(3, 8).double()),
+                     (torch.zeros(8, 10).t(), torch.zeros(3, 8))):
+        with pytest.raises(ValueError, match="unit stride along N"):
+            embed_rms_norm(ids, tab, w, 1e-6, True, out)

@@ -1,5 +1,5 @@
-"""Fused elementwise kernels for CUDA (Triton): RMSNorm (Zhang & Sennrich 2019), residual add +
-RMSNorm, SiLU-and-mul, rotary embedding (RoPE; Su et al. 2021), per-head q/k RMSNorm + RoPE +
+"""Fused elementwise kernels for CUDA (Triton): RMSNorm (Zhang & Sennrich 2019), an embedding
+lookup + RMSNorm, residual add + RMSNorm, SiLU-and-mul, rotary embedding (RoPE; Su et al. 2021), per-head q/k RMSNorm + RoPE +
 KV-cache write of an attention block, and the gated RMSNorm of a Gated DeltaNet layer's output.
 
 Each replaces several PyTorch kernels with one, which matters inside a CUDA graph of a small
@@ -79,6 +79,48 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
                                      ZERO_CENTERED=zero_centered,
                                      BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
     return out.view(shape)
+
+
+@triton.jit
+def _embed_rms_norm_kernel(ids_ptr, t_ptr, w_ptr, o_ptr, st, so, n, eps,
+                           ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    tok = tl.load(ids_ptr + row).to(tl.int64)
+    x = tl.load(t_ptr + tok * st + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _weigh(x, _rms_scale(x, n, eps), w, ZERO_CENTERED)
+    tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
+                   zero_centered: bool, out: torch.Tensor) -> torch.Tensor:
+    """``rms_norm(table[ids])`` in one kernel (the embedding rows read once, by id), written
+    into ``out`` and returned: an MTP layer's normed token embedding (models/mtp.py).
+
+    Args:
+        ids: [T] int64 token ids (inside the table: not checked on the device).
+        table: [V, N] embedding rows, unit stride along N; weight: [N] norm weight (``w - 1``
+            when ``zero_centered``); eps: added to mean(x^2).
+        out: [T, N] in the table's dtype, any row stride, unit stride along N.
+
+    Raises:
+        ValueError: for operands that do not fit (checked on the host).
+    """
+    T, n = ids.shape[0], table.shape[1]
+    if ids.dim() != 1 or table.stride(1) != 1 or out.shape != (T, n) or out.stride(1) != 1 \
+            or out.dtype != table.dtype:
+        raise ValueError(f"ids {tuple(ids.shape)}, table {tuple(table.shape)} stride "
+                         f"{table.stride()}, out {tuple(out.shape)} stride {out.stride()} "
+                         f"{out.dtype}: expected [T], [V, N] and [T, N] of the table's dtype, "
+                         "unit stride along N")
+    if T:
+        _embed_rms_norm_kernel[(T,)](ids, table, weight, out, table.stride(0), out.stride(0),
+                                     n, eps, ZERO_CENTERED=zero_centered,
+                                     BLOCK=triton.next_power_of_2(n), **pdl.launch(table))
+    return out
 
 
 @triton.jit

@@ -71,22 +71,28 @@ class Qwen3NextMTP(nn.Module):
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, batch: ForwardBatch,
                 step: int = 0) -> torch.Tensor:
         embed, rotary = self._shared
-        x = self.fc(self._fc_input(embed(input_ids), hidden))
+        x = self.fc(self._fc_input(input_ids, hidden))
         rope = rotary.lookup(batch.positions, x.dtype)
         layer = self.layers[step % len(self.layers)]
         h, residual = layer.forward_residual(rope, x, None, batch)
         return self.norm.add_norm(h, residual)[0]   # the layer's residual add inside the norm
 
-    def _fc_input(self, e: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """``fc``'s input [T, 2H]: the normed embedding, then the normed target hidden state. On
-        CUDA both norms write their half of one buffer (two kernels, no ``cat``)."""
+    def _fc_input(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """``fc``'s input [T, 2H]: the normed token embedding, then the normed target hidden
+        state. On CUDA two kernels write their halves of one buffer (no ``cat``): the embedding
+        rows read and normed in one (one TP rank), the hidden state's norm."""
+        embed = self._shared[0]
         ne, nh = self.pre_fc_norm_embedding, self.pre_fc_norm_hidden
         if not use_triton(hidden):
-            return torch.cat([ne(e), nh(hidden)], dim=-1)
-        from mtpserve.kernels.fused_triton import rms_norm
+            return torch.cat([ne(embed(input_ids)), nh(hidden)], dim=-1)
+        from mtpserve.kernels.fused_triton import embed_rms_norm, rms_norm
 
         H = hidden.shape[-1]
         out = hidden.new_empty(hidden.shape[0], 2 * H)
-        rms_norm(e, ne.weight, ne.eps, ne.zero_centered, out=out[:, :H])
+        if embed.tp_size == 1 and embed.weight.dtype == hidden.dtype:
+            embed_rms_norm(input_ids, embed.weight, ne.weight, ne.eps, ne.zero_centered,
+                           out[:, :H])
+        else:
+            rms_norm(embed(input_ids), ne.weight, ne.eps, ne.zero_centered, out=out[:, :H])
         rms_norm(hidden, nh.weight, nh.eps, nh.zero_centered, out=out[:, H:])
         return out
