@@ -254,7 +254,8 @@ class SparseMoeBlock(nn.Module):
         :func:`_router_logits`), the routing kernel, the grouped expert GEMMs, and the sum over
         each token's choices in one kernel (kernels/moe_combine_triton.py). A folded shared
         expert (:meth:`fold_shared_expert`) is one more choice of those GEMMs, weighed by its
-        gate: 5 kernels a layer. Otherwise the shared expert's own products and SiLU-and-mul,
+        gate: 5 kernels a layer, 4 when the next norm sums the choices (``defer_sum``; decode
+        and verify steps, :meth:`_runs_folded`). Otherwise the shared expert's own products and SiLU-and-mul,
         and ``+ shared * gate`` in the combine kernel (under TP: the sum, the all-reduce, then
         ``addcmul``)."""
         from mtpserve.kernels.moe_router_triton import route
