@@ -41,7 +41,8 @@ VIEW_IF_IT_CAN = {"reshape", "flatten", "unflatten", "contiguous"}
 # layer modules whose dispatch answers True here (Triton paths)
 TRITON_MODULES = ("layers.norm", "layers.rotary", "layers.activation", "layers.attention",
                   "layers.embedding", "layers.gated_attention", "layers.linear_attention",
-                  "layers.moe", "models.mtp", "engine.state_cache", "kernels.argmax_triton")
+                  "layers.moe", "models.mtp", "models.qwen3_next", "engine.state_cache",
+                  "kernels.argmax_triton")
 
 
 def _caller() -> str:

@@ -340,7 +340,7 @@ def triton_on_cpu(device, attention: bool = True, hybrid: bool = False):
              "mtpserve.models.llama"] + (["mtpserve.layers.attention"] if attention else [])
     if hybrid:
         names += ["mtpserve.layers.gated_attention", "mtpserve.layers.linear_attention",
-                  "mtpserve.layers.moe", "mtpserve.models.mtp"]
+                  "mtpserve.layers.moe", "mtpserve.models.mtp", "mtpserve.models.qwen3_next"]
     mods = [importlib.import_module(n) for n in names]
     saved = [m.use_triton for m in mods]
     for m in mods:

@@ -503,6 +503,9 @@ def test_embedding_norm_kernel_equals_embedding_then_norm(dtype):
     embed_rms_norm(ids, table, w, 1e-6, True, out[:, :2048])
     assert torch.equal(out[:, :2048], rms_norm(F.embedding(ids, table), w, 1e-6, True))
     assert not out[:, 2048:].any()
+    raw = torch.empty(5, 2048, device="cuda", dtype=dtype)   # a decoder's first residual too
+    normed = embed_rms_norm(ids, table, w, 1e-6, True, torch.empty_like(raw), raw_out=raw)
+    assert torch.equal(raw, F.embedding(ids, table)) and torch.equal(normed, out[:, :2048])
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])

@@ -82,44 +82,55 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
 
 
 @triton.jit
-def _embed_rms_norm_kernel(ids_ptr, t_ptr, w_ptr, o_ptr, st, so, n, eps,
-                           ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _embed_rms_norm_kernel(ids_ptr, t_ptr, w_ptr, o_ptr, raw_ptr, st, so, sr, n, eps,
+                           ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr, RAW: tl.constexpr,
+                           PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     tok = tl.load(ids_ptr + row).to(tl.int64)
-    x = tl.load(t_ptr + tok * st + cols, mask=mask, other=0.0).to(tl.float32)
+    e = tl.load(t_ptr + tok * st + cols, mask=mask, other=0.0)
+    if RAW:   # the embedding itself too (a decoder's first residual)
+        tl.store(raw_ptr + row * sr + cols, e, mask=mask)
+    x = e.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _weigh(x, _rms_scale(x, n, eps), w, ZERO_CENTERED)
     tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
-                   zero_centered: bool, out: torch.Tensor) -> torch.Tensor:
+                   zero_centered: bool, out: torch.Tensor,
+                   raw_out: torch.Tensor | None = None) -> torch.Tensor:
     """``rms_norm(table[ids])`` in one kernel (the embedding rows read once, by id), written
-    into ``out`` and returned: an MTP layer's normed token embedding (models/mtp.py).
+    into ``out`` and returned: an MTP layer's normed token embedding (models/mtp.py), or with
+    ``raw_out`` also ``table[ids]`` itself (a hybrid decoder's input and first residual,
+    models/qwen3_next.py).
 
     Args:
         ids: [T] int64 token ids (inside the table: not checked on the device).
         table: [V, N] embedding rows, unit stride along N; weight: [N] norm weight (``w - 1``
             when ``zero_centered``); eps: added to mean(x^2).
-        out: [T, N] in the table's dtype, any row stride, unit stride along N.
+        out, raw_out: [T, N] in the table's dtype, any row stride, unit stride along N.
 
     Raises:
         ValueError: for operands that do not fit (checked on the host).
     """
     T, n = ids.shape[0], table.shape[1]
-    if ids.dim() != 1 or table.stride(1) != 1 or out.shape != (T, n) or out.stride(1) != 1 \
-            or out.dtype != table.dtype:
+    outs = (out,) if raw_out is None else (out, raw_out)
+    if ids.dim() != 1 or table.stride(1) != 1 or any(
+            o.shape != (T, n) or o.stride(1) != 1 or o.dtype != table.dtype for o in outs):
         raise ValueError(f"ids {tuple(ids.shape)}, table {tuple(table.shape)} stride "
                          f"{table.stride()}, out {tuple(out.shape)} stride {out.stride()} "
                          f"{out.dtype}: expected [T], [V, N] and [T, N] of the table's dtype, "
                          "unit stride along N")
     if T:
-        _embed_rms_norm_kernel[(T,)](ids, table, weight, out, table.stride(0), out.stride(0),
-                                     n, eps, ZERO_CENTERED=zero_centered,
-                                     BLOCK=triton.next_power_of_2(n), **pdl.launch(table))
+        raw = out if raw_out is None else raw_out
+        _embed_rms_norm_kernel[(T,)](ids, table, weight, out, raw, table.stride(0),
+                                     out.stride(0), raw.stride(0), n, eps,
+                                     ZERO_CENTERED=zero_centered,
+                                     BLOCK=triton.next_power_of_2(n), RAW=raw_out is not None,
+                                     **pdl.launch(table))
     return out
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from mtpserve.config import ModelConfig
 from mtpserve.engine.forward_batch import ForwardBatch
+from mtpserve.kernels.dispatch import use_triton
 from mtpserve.layers.attention import Attention
 from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mtpserve.layers.gated_attention import GatedAttention, rotary_dim
@@ -71,8 +72,14 @@ class HybridDecoderLayer(nn.Module):
         return residual + (h.total() if hasattr(h, "total") else h)
 
     def forward_residual(self, rope, h: torch.Tensor, residual: torch.Tensor | None,
-                         batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.input_layernorm.add_norm(h, residual)
+                         batch: ForwardBatch, normed: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``normed``: ``input_layernorm``'s output, already made by the caller (the first
+        layer's, with the embedding: ``residual`` is then the layer's input)."""
+        if normed is None:
+            h, residual = self.input_layernorm.add_norm(h, residual)
+        else:
+            h = normed
         h = self.linear_attn(h, batch) if self.is_linear else self.self_attn(rope, h, batch)
         h, residual = self.post_attention_layernorm(h, residual)
         # a sparse MoE block may leave its per-choice outputs for the next norm to sum
@@ -106,12 +113,27 @@ class Qwen3NextModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        h = self.embed_tokens(batch.input_ids)
+        h, residual, normed = self._embed(batch.input_ids)
         rope = self.rotary.lookup(batch.positions, h.dtype)
-        residual = None
         for layer in self.layers:
-            h, residual = layer.forward_residual(rope, h, residual, batch)
+            h, residual = layer.forward_residual(rope, h, residual, batch, normed)
+            normed = None
         return self.norm.add_norm(h, residual)[0]
+
+    def _embed(self, ids: torch.Tensor):
+        """(h, residual, normed) for the first layer: the embedding [T, H]; on CUDA (one TP
+        rank, layers to run) the embedding rows read once and the first layer's input norm
+        made in the same kernel: (embedding, embedding, its norm)."""
+        emb = self.embed_tokens
+        if not (self.layers and emb.tp_size == 1 and use_triton(emb.weight)):
+            return emb(ids), None, None
+        from mtpserve.kernels.fused_triton import embed_rms_norm
+
+        norm = self.layers[0].input_layernorm
+        raw = emb.weight.new_empty(ids.shape[0], emb.weight.shape[1])
+        normed = embed_rms_norm(ids, emb.weight, norm.weight, norm.eps, norm.zero_centered,
+                                torch.empty_like(raw), raw_out=raw)
+        return raw, raw, normed
 
 
 class Qwen3NextForCausalLM(nn.Module):
