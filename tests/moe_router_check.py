@@ -360,14 +360,14 @@ def check_deferred_sum(device, dtypes=(torch.float32,)) -> dict:
     residual add: the same bits, in each of ``dtypes``, for 1 and 4 tokens; at 9 tokens (72
     routed rows: sorted by expert) the block runs unfolded and returns a tensor. Returns the
     number of cases compared."""
-    from fused_kernel_check import interpreter_rounding
+    from fused_kernel_check import interpreter_rounding, triton_on_cpu
     from mtpserve.layers.norm import RMSNorm
 
     cfg = block_cfg(64, 8, shared=32)
     weights = block_weights(cfg, 3)
     g = torch.Generator().manual_seed(5)
     cases = 0
-    with interpreter_rounding(device), _triton_moe_on_cpu(device), _norm_on_cpu(device):
+    with interpreter_rounding(device), triton_on_cpu(device, attention=False, hybrid=True):
         for dtype in dtypes:
             block = copy.deepcopy(_loaded_block(cfg, weights)).to(device, dtype)
             block.merge_router_weights()
@@ -394,19 +394,3 @@ def _loaded_block(cfg, weights):
     block = SparseMoeBlock(cfg)
     _load(block, weights, torch.float32)
     return block
-
-
-@contextlib.contextmanager
-def _norm_on_cpu(device):
-    """On the CPU (under TRITON_INTERPRET=1): layers/norm.py takes its Triton kernels."""
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    from mtpserve.layers import norm
-
-    saved = norm.use_triton
-    norm.use_triton = lambda x: True
-    try:
-        yield
-    finally:
-        norm.use_triton = saved

@@ -17,7 +17,7 @@ from mtpserve.kernels import cpu_linear
 from mtpserve.kernels.paged_attention import (SMALL_QUERY, TritonAttentionMetadata,
                                               build_torch_metadata, partition_size)
 from mtpserve.models.registry import model_class
-from mtpserve.models.weights import process_weights_after_loading
+from mtpserve.models.weights import parameter_storage, process_weights_after_loading
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +83,7 @@ class ModelRunner:
             torch.set_default_dtype(prev)
         model.load_weights((n, t.to(self.dtype)) for n, t in files.iter_weights())
         process_weights_after_loading(model)
-        # by storage: parameters that are views of one tensor (the merged router, a shared
-        # expert folded into the experts' tensors: layers/moe.py) count once
-        nbytes = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
-                      for p in model.parameters()}.values())
+        nbytes = sum(n for n, _ in parameter_storage(model))
         logger.info("model weights loaded: %.2f GiB on %s in %.1f s", nbytes / 2**30, self.device,
                     time.perf_counter() - t0)
         added = cpu_linear.pack_model_linears(model)

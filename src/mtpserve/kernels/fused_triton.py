@@ -42,6 +42,15 @@ def _weigh(x, r, w, ZERO_CENTERED: tl.constexpr):
 
 
 @triton.jit
+def _store_normed(x, w_ptr, o_row, cols, mask, n, eps, ZERO_CENTERED: tl.constexpr):
+    """RMSNorm of one float32 row ``x`` (padding lanes 0) by the weight at ``w_ptr``, stored at
+    ``o_row`` in its dtype."""
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _weigh(x, _rms_scale(x, n, eps), w, ZERO_CENTERED)
+    tl.store(o_row + cols, y.to(o_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, ZERO_CENTERED: tl.constexpr,
                      BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -49,9 +58,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, sx, so, n, eps, ZERO_CENTERED: tl.cons
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _weigh(x, _rms_scale(x, n, eps), w, ZERO_CENTERED)
-    tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+    _store_normed(x, w_ptr, o_ptr + row * so, cols, mask, n, eps, ZERO_CENTERED)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool,
@@ -64,21 +71,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
         ValueError: ``out`` of another row count, width or dtype, or not unit stride along N."""
     shape = x.shape
     x2 = _rows(x)
-    if out is not None:
-        if out.dim() != 2 or out.shape != x2.shape or out.stride(1) != 1 or out.dtype != x.dtype:
-            raise ValueError(f"out {tuple(out.shape)} stride {out.stride()} {out.dtype}: expected "
-                             f"{tuple(x2.shape)} {x.dtype} with unit stride along the last dim")
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), shape[-1],
-                                         eps, ZERO_CENTERED=zero_centered,
-                                         BLOCK=triton.next_power_of_2(shape[-1]),
-                                         **pdl.launch(x))
-        return out
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if out is None:
+        dst = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    elif out.dim() != 2 or out.shape != x2.shape or out.stride(1) != 1 or out.dtype != x.dtype:
+        raise ValueError(f"out {tuple(out.shape)} stride {out.stride()} {out.dtype}: expected "
+                         f"{tuple(x2.shape)} {x.dtype} with unit stride along the last dim")
+    else:
+        dst = out
     n = shape[-1]
-    _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), n, eps,
+    _rms_norm_kernel[(x2.shape[0],)](x2, weight, dst, x2.stride(0), dst.stride(0), n, eps,
                                      ZERO_CENTERED=zero_centered,
                                      BLOCK=triton.next_power_of_2(n), **pdl.launch(x))
-    return out.view(shape)
+    return dst.view(shape) if out is None else out
 
 
 @triton.jit
@@ -93,10 +97,7 @@ def _embed_rms_norm_kernel(ids_ptr, t_ptr, w_ptr, o_ptr, raw_ptr, st, so, sr, n,
     e = tl.load(t_ptr + tok * st + cols, mask=mask, other=0.0)
     if RAW:   # the embedding itself too (a decoder's first residual)
         tl.store(raw_ptr + row * sr + cols, e, mask=mask)
-    x = e.to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _weigh(x, _rms_scale(x, n, eps), w, ZERO_CENTERED)
-    tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+    _store_normed(e.to(tl.float32), w_ptr, o_ptr + row * so, cols, mask, n, eps, ZERO_CENTERED)
 
 
 def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -153,10 +154,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, o_ptr, so_ptr, sx, sr, so, ss, n, 
     # the rounded sum is both the new residual and the norm's input, as in the unfused ops
     s = (res + x).to(so_ptr.dtype.element_ty)
     tl.store(so_ptr + row * ss + cols, s, mask=mask)
-    s = s.to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _weigh(s, _rms_scale(s, n, eps), w, ZERO_CENTERED)
-    tl.store(o_ptr + row * so + cols, y.to(o_ptr.dtype.element_ty), mask=mask)
+    _store_normed(s.to(tl.float32), w_ptr, o_ptr + row * so, cols, mask, n, eps, ZERO_CENTERED)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

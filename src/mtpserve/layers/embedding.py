@@ -40,6 +40,22 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.clamp(0, self.part - 1), self.weight) * inside.unsqueeze(-1)
         return tp_all_reduce(out)
 
+    def lookup_normed(self, ids: torch.Tensor, norm, out: torch.Tensor,
+                      raw_out: torch.Tensor | None = None) -> torch.Tensor:
+        """CUDA: ``norm(self(ids))`` written into ``out`` [T, hidden] (a view of a wider buffer
+        is fine) and returned, with ``raw_out`` the embedding itself too; ``norm``: an RMSNorm.
+        One kernel (``fused_triton.embed_rms_norm``: the rows read once, by id) on one TP rank
+        when ``out`` has the table's dtype; else the lookup, then the norm kernel."""
+        from mtpserve.kernels.fused_triton import embed_rms_norm, rms_norm
+
+        if self.tp_size == 1 and out.dtype == self.weight.dtype:
+            return embed_rms_norm(ids, self.weight, norm.weight, norm.eps, norm.zero_centered,
+                                  out, raw_out=raw_out)
+        e = self(ids)
+        if raw_out is not None:
+            raw_out.copy_(e)
+        return rms_norm(e, norm.weight, norm.eps, norm.zero_centered, out=out)
+
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection hidden -> vocabulary logits; may share its weight with the embedding.

@@ -170,13 +170,16 @@ class SparseMoeBlock(nn.Module):
         if not self.experts.extra:
             return False
         E = self.num_experts
-        pairs = ((self.shared_expert.gate_up_proj.weight, self.experts.gate_up_proj),
-                 (self.shared_expert.down_proj.weight, self.experts.down_proj))
-        for p, rows in pairs:
-            if p.data_ptr() != rows[E].data_ptr():
+        for p, rows in self._shared_rows():
+            if not _views_row(p, rows, E):
                 rows.data[E].copy_(p.data)
                 p.data = rows.data[E]
         return True
+
+    def _shared_rows(self):
+        """(the shared expert's weight, the experts' tensor whose row E holds it), each kind."""
+        return ((self.shared_expert.gate_up_proj.weight, self.experts.gate_up_proj),
+                (self.shared_expert.down_proj.weight, self.experts.down_proj))
 
     def merge_router_weights(self) -> torch.Tensor:
         """Put ``gate.weight`` [E, H] and ``shared_expert_gate.weight`` [1, H] into one
@@ -242,12 +245,8 @@ class SparseMoeBlock(nn.Module):
         return tokens * self.top_k <= ONE_ROW_BLOCKS
 
     def _tied(self) -> bool:
-        """The shared expert's weights still views of the experts' row E (pointers only)."""
-        E = self.num_experts
-        return all(p.data_ptr() == rows.data_ptr() + E * rows.stride(0) * rows.element_size()
-                   for p, rows in ((self.shared_expert.gate_up_proj.weight,
-                                    self.experts.gate_up_proj),
-                                   (self.shared_expert.down_proj.weight, self.experts.down_proj)))
+        """The shared expert's weights still views of the experts' row E."""
+        return all(_views_row(p, rows, self.num_experts) for p, rows in self._shared_rows())
 
     def _forward_triton(self, x: torch.Tensor, defer_sum: bool = False):
         """CUDA: one product for the router and the shared expert gate (float32 logits, see
@@ -255,9 +254,9 @@ class SparseMoeBlock(nn.Module):
         each token's choices in one kernel (kernels/moe_combine_triton.py). A folded shared
         expert (:meth:`fold_shared_expert`) is one more choice of those GEMMs, weighed by its
         gate: 5 kernels a layer, 4 when the next norm sums the choices (``defer_sum``; decode
-        and verify steps, :meth:`_runs_folded`). Otherwise the shared expert's own products and SiLU-and-mul,
-        and ``+ shared * gate`` in the combine kernel (under TP: the sum, the all-reduce, then
-        ``addcmul``)."""
+        and verify steps, :meth:`_runs_folded`). Otherwise the shared expert's own products
+        and SiLU-and-mul, and ``+ shared * gate`` in the combine kernel (under TP: the sum, the
+        all-reduce, then ``addcmul``)."""
         from mtpserve.kernels.moe_router_triton import route
 
         w = self._merged_router()
@@ -292,6 +291,11 @@ class SparseMoeBlock(nn.Module):
             return moe_combine(per_choice, self.shared_expert(x), gate)
         routed = tp_all_reduce(self.experts(x, ids, weights))
         return torch.addcmul(routed, self.shared_expert(x), gate)
+
+
+def _views_row(p: torch.Tensor, rows: torch.Tensor, e: int) -> bool:
+    """Whether ``p`` starts at row ``e`` of ``rows`` (pointers only: no view is made)."""
+    return p.data_ptr() == rows.data_ptr() + e * rows.stride(0) * rows.element_size()
 
 
 # torch >= 2.8: cuBLAS products of 16-bit inputs with a float32 output (aten::mm.dtype)

@@ -80,19 +80,16 @@ class Qwen3NextMTP(nn.Module):
     def _fc_input(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """``fc``'s input [T, 2H]: the normed token embedding, then the normed target hidden
         state. On CUDA two kernels write their halves of one buffer (no ``cat``): the embedding
-        rows read and normed in one (one TP rank), the hidden state's norm."""
+        rows read and normed in one (``VocabParallelEmbedding.lookup_normed``), the hidden
+        state's norm."""
         embed = self._shared[0]
         ne, nh = self.pre_fc_norm_embedding, self.pre_fc_norm_hidden
         if not use_triton(hidden):
             return torch.cat([ne(embed(input_ids)), nh(hidden)], dim=-1)
-        from mtpserve.kernels.fused_triton import embed_rms_norm, rms_norm
+        from mtpserve.kernels.fused_triton import rms_norm
 
         H = hidden.shape[-1]
         out = hidden.new_empty(hidden.shape[0], 2 * H)
-        if embed.tp_size == 1 and embed.weight.dtype == hidden.dtype:
-            embed_rms_norm(input_ids, embed.weight, ne.weight, ne.eps, ne.zero_centered,
-                           out[:, :H])
-        else:
-            rms_norm(embed(input_ids), ne.weight, ne.eps, ne.zero_centered, out=out[:, :H])
+        embed.lookup_normed(input_ids, ne, out[:, :H])
         rms_norm(hidden, nh.weight, nh.eps, nh.zero_centered, out=out[:, H:])
         return out

@@ -127,12 +127,9 @@ class Qwen3NextModel(nn.Module):
         emb = self.embed_tokens
         if not (self.layers and emb.tp_size == 1 and use_triton(emb.weight)):
             return emb(ids), None, None
-        from mtpserve.kernels.fused_triton import embed_rms_norm
-
-        norm = self.layers[0].input_layernorm
         raw = emb.weight.new_empty(ids.shape[0], emb.weight.shape[1])
-        normed = embed_rms_norm(ids, emb.weight, norm.weight, norm.eps, norm.zero_centered,
-                                torch.empty_like(raw), raw_out=raw)
+        normed = emb.lookup_normed(ids, self.layers[0].input_layernorm, torch.empty_like(raw),
+                                   raw_out=raw)
         return raw, raw, normed
 
 

@@ -52,6 +52,14 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     return loaded
 
 
+def parameter_storage(model: nn.Module) -> list[tuple[int, int]]:
+    """(bytes, bytes an element) of each distinct storage behind ``model``'s parameters:
+    parameters that are views of one tensor (the merged router, a shared expert folded into
+    the experts' tensors: layers/moe.py) count once."""
+    return list({p.untyped_storage().data_ptr(): (p.untyped_storage().nbytes(), p.element_size())
+                 for p in model.parameters()}.values())
+
+
 def process_weights_after_loading(model: nn.Module) -> None:
     """Call ``process_weights_after_loading()`` (vLLM's name) on every submodule of ``model``
     that has it, once the checkpoint is loaded: a layer may reorder or repack its weights for

@@ -94,10 +94,10 @@ def _policy(spec: SpeculativeConfig, engine, draft_cost: float,
 
 
 def _num_params(model) -> int:
-    """Parameters by storage: views of one tensor (a folded shared expert, the merged router:
-    layers/moe.py) count once."""
-    return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size()
-                for p in model.parameters()}.values())
+    """Parameters by storage (``models.weights.parameter_storage``: views count once)."""
+    from mtpserve.models.weights import parameter_storage
+
+    return sum(n // size for n, size in parameter_storage(model))
 
 
 def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
