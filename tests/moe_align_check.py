@@ -175,6 +175,54 @@ def check_fused_experts(device) -> dict:
     return worst
 
 
+def check_streamed_experts(device) -> dict:
+    """``fused_experts`` with ``STREAM`` on (kernels/moe_stream_triton.py, units of 8 x 16 and
+    16 x 16 so that every kernel loops over several blocks and chunks) against the per-expert loop
+    of ``FusedExperts`` on the CPU in float32, summed and per choice: relative error within 1e-5
+    at 1, 3 and 7 tokens of top 9 over 12 experts; the switch off at 8 tokens (72 rows, past
+    ``ONE_ROW_BLOCKS``) gives the sorted kernels' bits; units that do not divide raise."""
+    from mtpserve.kernels import fused_moe_triton as fm
+    from mtpserve.kernels.moe_stream_triton import streamed_experts
+    from mtpserve.layers.moe import FusedExperts
+
+    units = dict(gate_up_n=8, gate_up_k=16, down_n=16, down_k=16, num_warps=4, per_sm=2)
+    g = torch.Generator().manual_seed(3)
+    fe = FusedExperts(12, 64, 32)
+    fe.gate_up_proj.data.normal_(0, 0.2, generator=g)
+    fe.down_proj.data.normal_(0, 0.2, generator=g)
+    wgu, wd = fe.gate_up_proj.to(device), fe.down_proj.to(device)
+    saved = fm.STREAM, fm.STREAM_UNITS
+    fm.STREAM, fm.STREAM_UNITS, worst = True, units, {}
+    try:
+        for T in (1, 3, 7, 8):
+            x = torch.randn(T, 64, generator=g)
+            ids = routed_ids(T, 9, 12, T)
+            w = torch.rand(T, 9, generator=g)
+            with torch.inference_mode():
+                want = fe(x, ids, w)
+                got = fm.fused_experts(x.to(device), ids.to(device), w.to(device), wgu, wd)
+                rows = fm.fused_experts(x.to(device), ids.to(device), w.to(device), wgu, wd,
+                                        sum_choices=False).view(T, 9, 64)
+                if T * 9 > fm.ONE_ROW_BLOCKS:
+                    fm.STREAM = False
+                    assert torch.equal(got, fm.fused_experts(x.to(device), ids.to(device),
+                                                             w.to(device), wgu, wd))
+                    fm.STREAM = True
+                    continue
+                per_choice = max(((rows[:, c].cpu() - fe(x, ids[:, c:c + 1], w[:, c:c + 1]))
+                                  .norm() / want.norm()).item() for c in range(9))
+            err = max(((got.cpu() - want).norm() / want.norm()).item(), per_choice)
+            worst[f"T={T}"] = err
+            assert err < 1e-5, (T, err)
+        try:
+            streamed_experts(x.to(device), ids.to(device), w.to(device), wgu, wd, gate_up_n=24)
+        except ValueError as e:
+            worst["error"] = str(e)
+    finally:
+        fm.STREAM, fm.STREAM_UNITS = saved
+    return worst
+
+
 def compile_for_hopper(num_experts: int, block_m: int, num_rows: int) -> dict:
     """Compile the align kernel for sm_90 (H100 / H200) as ``align_by_expert_triton`` would launch
     it for ``num_rows`` rows, PDL on, without a GPU (Triton's frontend, LLVM and ptxas only): the
