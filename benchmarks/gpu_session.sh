@@ -253,6 +253,27 @@ s33a)     # prepared in sessions 32-33 (no GPU in either) for the next first cal
   timeout 280 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mtp_ab 3
   ;;
+s34a)     # session 34, call 1: the GPU tests of sessions 32-34 (s33a's, with the streamed expert kernels), the streamed expert kernels' unit sweep against the tiles at 1 and 4 tokens, the MTP step against .snapold (a39325b) once
+  timeout 250 python3 -m pytest -q -x tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
+  timeout 170 python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
+  mtp_ab 1
+  ;;
+s34b)     # session 34, call 2: s33b's graphs new against old, then the switches (with the streamed expert kernels on) recaptured in one process
+  for tree in new old; do
+    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 70 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 2>&1 \
+      | grep -v "it/s" | grep -E "us|Error" | sed "s/^/$tree: /" | tail -12
+  done
+  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --compare recaptured no_fused_gated_attention \
+    no_deferred_moe_sum no_folded_shared_expert no_moe_combine stream_experts recaptured --json "$OUT/gpu_decode_s34_switches.json" 2>&1 | grep -v "it/s" | grep -E "qwen3-next|Error" | cut -c1-200 | tail -9
+  ;;
+s34c)     # session 34, call 3: the step traces, the hybrid's time to ready with MTP (fresh Triton cache), the MTP step against .snapold once more
+  step_traces 120
+  hybrid_checkpoint
+  timeout 120 python3 benchmarks/gpu_ready.py --shape qwen3-next-3b --starts 1 --checkpoint /tmp/ckpt-hybrid \
+    --json "$OUT/ready-hybrid-mtp.json" --log-dir "$OUT/logs-ready" --extra --speculative-algorithm nextn 2>&1 | tail -2
+  mtp_ab 1
+  ;;
 s33c)     # session 33's step traces (kernels a step, host waits), one archive
   step_traces 120
   ;;
