@@ -131,7 +131,8 @@ def _down_stream_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, rows, swe, swn
 
 def _programs(blocks: int, per_sm: int, device: torch.device) -> int:
     """One wave of at most ``per_sm`` programs an SM, balanced: every program owns the same
-    number of blocks or one fewer. CPU (interpreter): 4 waves' worth of 1 program."""
+    number of blocks or one fewer. CPU (interpreter): 3 slots, so that programs own several
+    blocks."""
     slots = per_sm * sm_count(device.index or 0) if device.type == "cuda" else 3
     waves = triton.cdiv(blocks, slots)
     return triton.cdiv(blocks, waves)
