@@ -253,10 +253,10 @@ s33a)     # prepared in sessions 32-33 (no GPU in either) for the next first cal
   timeout 280 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mtp_ab 3
   ;;
-s34a)     # session 34, call 1: the GPU tests of sessions 32-34 (s33a's, with the streamed expert kernels), the streamed expert kernels' unit sweep against the tiles at 1 and 4 tokens, the MTP step against .snapold (a39325b) once
+s34a)     # session 34, call 1: the GPU tests of sessions 32-34 (s33a's, with the streamed expert kernels), the MTP step against .snapold (a39325b) once, the streamed expert kernels' unit sweep against the tiles at 1 and 4 tokens
   timeout 250 python3 -m pytest -q -x tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
-  timeout 170 python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
   mtp_ab 1
+  timeout 170 python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
   ;;
 s34b)     # session 34, call 2: s33b's graphs new against old, then the switches (with the streamed expert kernels on) recaptured in one process
   for tree in new old; do
