@@ -21,7 +21,11 @@ Gate/up: a unit is ``BLOCK_N`` gate rows and the ``BLOCK_N`` matching up rows of
 ``out[row, n] = w[row] * (act[row] . down[e, n])``, as the tiled kernel. The caller sums over
 choices (or defers the sum to the next norm).
 
-The expert ids are the routing kernel's output, so no weight can be loaded before the PDL wait.
+The expert ids are the routing kernel's output, so the gate/up kernel loads no weight before
+its PDL wait. The down kernel comes after the gate/up kernel, which let it launch only once its
+own wait had seen the routing kernel finish: with ``early_down`` its programs read their row's
+expert id and load their first unit of weights before their wait (only the activations wait),
+as the dense streamed products do (kernels/pdl.py).
 """
 
 from __future__ import annotations
@@ -102,7 +106,8 @@ def _load_down(w_ptr, ids_ptr, swe, swn, u, pid, G, r, c, BLOCKS_PER_ROW: tl.con
 @triton.jit
 def _down_stream_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, rows, swe, swn, sa, so,
                         H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
+                        BLOCK_K: tl.constexpr, EARLY: tl.constexpr, LATE: tl.constexpr,
+                        PDL: tl.constexpr):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     BPR: tl.constexpr = H // BLOCK_N
@@ -110,8 +115,14 @@ def _down_stream_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, rows, swe, swn
     units = ((rows * BPR - 1 - pid) // G + 1) * CHUNKS
     r = tl.arange(0, BLOCK_N)
     c = tl.arange(0, BLOCK_K)
-    pdl_wait(PDL)
-    w = _load_down(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS, BLOCK_N, BLOCK_K)
+    if EARLY:   # the ids were written two kernels back: only act waits for the gate/up kernel
+        w = _load_down(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS, BLOCK_N,
+                       BLOCK_K)
+        pdl_wait(PDL)
+    else:
+        pdl_wait(PDL)
+        w = _load_down(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS, BLOCK_N,
+                       BLOCK_K)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for u in range(0, units):
         row, e, nb, chunk = _unit_rows(ids_ptr, u, pid, G, BPR, CHUNKS)
@@ -147,7 +158,8 @@ def stream_fits(h: int, inter: int, gate_up_n: int, gate_up_k: int, down_n: int,
 def streamed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                      gate_up: torch.Tensor, down: torch.Tensor, gate_up_n: int = 16,
                      gate_up_k: int = 512, down_n: int = 16, down_k: int = 512,
-                     num_warps: int = 4, per_sm: int = 2) -> torch.Tensor:
+                     num_warps: int = 4, per_sm: int = 2, early_down: bool = True
+                     ) -> torch.Tensor:
     """One weighted output per (token, choice) row, streamed (module doc).
 
     Args:
@@ -157,6 +169,7 @@ def streamed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         CPU under ``TRITON_INTERPRET=1``), weights in x's dtype.
         gate_up_n x gate_up_k, down_n x down_k: the units (each must divide its widths);
         per_sm: programs an SM (one wave).
+        early_down: the down kernel loads its first unit before its PDL wait (module doc).
 
     Returns:
         [T * k, H] in x's dtype, token-major:
@@ -185,6 +198,6 @@ def streamed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     blocks = n * (H // down_n)
     _down_stream_kernel[(_programs(blocks, per_sm, x.device),)](
         act, down, flat, weights.contiguous().flatten(), out, n, down.stride(0), down.stride(1),
-        act.stride(0), out.stride(0), H=H, I=inter, BLOCK_N=down_n, BLOCK_K=down_k, LATE=late,
-        num_warps=num_warps, **pdl.launch(x))
+        act.stride(0), out.stride(0), H=H, I=inter, BLOCK_N=down_n, BLOCK_K=down_k,
+        EARLY=early_down, LATE=late, num_warps=num_warps, **pdl.launch(x))
     return out
