@@ -436,7 +436,8 @@ def test_streamed_experts_match_the_expert_loop(tokens, top_k):
     """kernels/moe_stream_triton.py in bfloat16 (its late float32 widening on CUDA) within 2e-2
     of FusedExperts' per-expert loop in float32 over the same rounded inputs, per (token, choice)
     row; its rows do not depend on the others (the first token's rows alone give the same bits),
-    and a CUDA graph replayed with other routing gives the eager kernels' bits."""
+    the down kernel's early first unit changes no bit, and a CUDA graph replayed with other
+    routing gives the eager kernels' bits."""
     from mtpserve.kernels.moe_stream_triton import streamed_experts
     from mtpserve.layers.moe import FusedExperts
 
@@ -464,6 +465,7 @@ def test_streamed_experts_match_the_expert_loop(tokens, top_k):
     check(eager, x, ids, w)
     first = streamed_experts(sx[:1], sids[:1], sw[:1], wgu, wd)
     assert torch.equal(first, eager[:top_k])
+    assert torch.equal(streamed_experts(sx, sids, sw, wgu, wd, early_down=False), eager)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = streamed_experts(sx, sids, sw, wgu, wd)
