@@ -13,7 +13,7 @@ The streamed expert kernels (kernels/moe_stream_triton.py) against the tiles ``m
 picks, both over 4 sets of expert weights taken in turn (so that one call's experts are not in
 L2 from the call before): first the gate/up unit, warps and programs an SM with the down unit
 16 x 512, then the down unit with the best of those, then the best without the down kernel's
-early first unit (``early_down=False``).
+early first unit (``early_down=False``). ``MOE_SWEEP=small`` in the environment: fewer units.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 
 import torch
 import triton
@@ -60,13 +61,15 @@ def stream_sweep(tokens: list[int]) -> dict:
             return graph_time(lambda i: streamed_experts(x, ids, w, gate_up[i % sets],
                                                          down[i % sets], **cfg), CALLS)
 
+        small = os.environ.get("MOE_SWEEP") == "small"
         rows = []
-        for gn, gk, nw, per_sm in itertools.product((8, 16, 32), (256, 512, 1024), (4, 8),
-                                                    (1, 2)):
+        for gn, gk, nw, per_sm in itertools.product((8, 16, 32), (512, 1024) if small else
+                                                    (256, 512, 1024), (4, 8), (1, 2)):
             cfg = dict(gate_up_n=gn, gate_up_k=gk, num_warps=nw, per_sm=per_sm)
             rows.append((timed(cfg), cfg))
         best = min(rows, key=lambda r: r[0])[1]
-        for dn, dk in itertools.product((8, 16, 32, 64), (128, 256, 512)):
+        for dn, dk in itertools.product((8, 16, 32) if small else (8, 16, 32, 64),
+                                        (256, 512) if small else (128, 256, 512)):
             cfg = dict(best, down_n=dn, down_k=dk)
             rows.append((timed(cfg), cfg))
         rows.sort(key=lambda r: r[0])
