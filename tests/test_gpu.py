@@ -442,7 +442,7 @@ def test_streamed_experts_match_the_expert_loop(tokens, top_k):
     from mtpserve.layers.moe import FusedExperts
 
     g = torch.Generator().manual_seed(tokens * top_k)
-    hidden, inter, experts = 1024, 256, 16
+    hidden, inter, experts = 1024, 512, 16   # the default units (16 x 512) divide both
     fe = FusedExperts(experts, hidden, inter)
     fe.gate_up_proj.data.normal_(0, 0.05, generator=g)
     fe.down_proj.data.normal_(0, 0.05, generator=g)

@@ -414,6 +414,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         ``e = ids[t, c]``.
     """
     T, k = ids.shape
+    ids = ids.contiguous()   # a [T, 1] column sliced from wider ids flattens to a strided view
     rows_e, two_i, H = gate_up.shape
     E = num_experts or rows_e
     inter, n = two_i // 2, T * k

@@ -22,8 +22,9 @@ Gate/up: a unit is ``BLOCK_N`` gate rows and the ``BLOCK_N`` matching up rows of
 choices (or defers the sum to the next norm).
 
 The expert ids are the routing kernel's output, so the gate/up kernel loads no weight before
-its PDL wait. The down kernel comes after the gate/up kernel, which let it launch only once its
-own wait had seen the routing kernel finish: with ``early_down`` its programs read their row's
+its PDL wait. The down kernel comes right after the gate/up kernel, which writes no ids and whose
+every program waits (so the kernels before it, the routing among them, have finished) before it
+lets the down kernel launch: with ``early_down`` the down kernel's programs read their row's
 expert id and load their first unit of weights before their wait (only the activations wait),
 as the dense streamed products do (kernels/pdl.py).
 """
@@ -115,7 +116,7 @@ def _down_stream_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, rows, swe, swn
     units = ((rows * BPR - 1 - pid) // G + 1) * CHUNKS
     r = tl.arange(0, BLOCK_N)
     c = tl.arange(0, BLOCK_K)
-    if EARLY:   # the ids were written two kernels back: only act waits for the gate/up kernel
+    if EARLY:   # the ids are not the gate/up kernel's: only act waits for it (module doc)
         w = _load_down(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS, BLOCK_N,
                        BLOCK_K)
         pdl_wait(PDL)
@@ -151,8 +152,11 @@ def _programs(blocks: int, per_sm: int, device: torch.device) -> int:
 
 def stream_fits(h: int, inter: int, gate_up_n: int, gate_up_k: int, down_n: int,
                 down_k: int) -> bool:
-    """Whether the unit sizes divide the widths (the kernels load whole units, unmasked)."""
-    return not (inter % gate_up_n or h % gate_up_k or h % down_n or inter % down_k)
+    """Whether the unit sizes are powers of two (Triton's ranges) that divide the widths (the
+    kernels load whole units, unmasked)."""
+    units = (gate_up_n, gate_up_k, down_n, down_k)
+    return (all(u > 0 and u & (u - 1) == 0 for u in units)
+            and not (inter % gate_up_n or h % gate_up_k or h % down_n or inter % down_k))
 
 
 def streamed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
@@ -167,8 +171,9 @@ def streamed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         indices); weights: [T, k] routing weights; gate_up: [E, 2I, H] (gate rows, then up
         rows) and down: [E, H, I], contiguous along their last dim; all on one CUDA device (or
         CPU under ``TRITON_INTERPRET=1``), weights in x's dtype.
-        gate_up_n x gate_up_k, down_n x down_k: the units (each must divide its widths);
-        per_sm: programs an SM (one wave).
+        gate_up and down of one dtype.
+        gate_up_n x gate_up_k, down_n x down_k: the units (powers of two dividing their
+        widths); per_sm: programs an SM (one wave), at least 1.
         early_down: the down kernel loads its first unit before its PDL wait (module doc).
 
     Returns:
@@ -176,16 +181,24 @@ def streamed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         ``w[t, c] * down_e(silu(gate_e x_t) * up_e x_t)``, ``e = ids[t, c]``.
 
     Raises:
-        ValueError: units that do not divide H or I, or weights not contiguous along H / I.
+        ValueError: units that are not powers of two dividing H and I, per_sm below 1, weights
+        not contiguous along H / I or of two dtypes, x not [T, H], weights not [T, k].
     """
     T, k = ids.shape
     _, two_i, H = gate_up.shape
     inter, n = two_i // 2, T * k
-    if not stream_fits(H, inter, gate_up_n, gate_up_k, down_n, down_k):
+    if not stream_fits(H, inter, gate_up_n, gate_up_k, down_n, down_k) or per_sm < 1:
         raise ValueError(f"streamed_experts: units {gate_up_n}x{gate_up_k} / {down_n}x{down_k} "
-                         f"do not divide H {H}, I {inter}")
-    if gate_up.stride(2) != 1 or down.stride(2) != 1:
-        raise ValueError("streamed_experts needs expert weights contiguous along their inputs")
+                         f"are not powers of two dividing H {H}, I {inter} (or per_sm "
+                         f"{per_sm} < 1)")
+    if gate_up.stride(2) != 1 or down.stride(2) != 1 or gate_up.dtype != down.dtype:
+        raise ValueError("streamed_experts needs expert weights of one dtype, contiguous along "
+                         "their inputs")
+    if x.shape != (T, H) or weights.shape != (T, k):
+        raise ValueError(f"streamed_experts: x {tuple(x.shape)} and weights "
+                         f"{tuple(weights.shape)} do not fit ids {tuple(ids.shape)}, H {H}")
+    if n == 0:
+        return x.new_empty(0, H)
     x, flat = x.contiguous(), ids.contiguous().flatten()
     late = x.is_cuda and gate_up.dtype == torch.bfloat16
     act = x.new_empty(n, inter)
