@@ -259,9 +259,9 @@ s34a)     # session 34, call 1: the GPU tests of sessions 32-34 (s33a's, with th
   timeout 170 python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
   ;;
 s34one)   # session 34's one call (most of its device budget lost to machines that did not start): s34a's tests, the MTP A/B once, a smaller streamed sweep
-  timeout 230 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
+  timeout ${TESTS_S:-230} python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
   mtp_ab 1
-  MOE_SWEEP=small timeout 150 python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
+  MOE_SWEEP=small timeout ${SWEEP_S:-150} python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
   ;;
 s34b)     # session 34, call 2: s33b's graphs new against old, then the switches (with the streamed expert kernels on) recaptured in one process
   for tree in new old; do
