@@ -16,6 +16,9 @@ per (block, output columns), reading that expert's weights once per block:
 3. ``_down_kernel``: ``out[row] = routing_weight[row] * act W_down^T`` scattered back to the flat
    (token, choice) rows; the caller sums over the k choices.
 
+Steps of at most ``ONE_ROW_BLOCKS`` rows skip the sort (each row its own block), and with
+``STREAM`` on they run kernels/moe_stream_triton.py's streamed one-row products instead.
+
 R is static, ``T*k + min(T*k, E) * (block_m - 1)`` rounded up to a block, so a CUDA graph can
 hold the whole computation. H and I are compile-time constants (static loop trip counts, which
 the Triton interpreter also needs). All accumulation is float32, rounded once to the input dtype.
@@ -357,7 +360,8 @@ ONE_ROW_BLOCKS = 64
 _one_row_rows: dict = {}
 # on: layouts of one row a block of at most STREAM_MAX_ROWS rows run the streamed kernels of
 # kernels/moe_stream_triton.py with the units STREAM_UNITS (its ``streamed_experts`` keywords)
-# where they divide the widths (benchmarks/gpu_moe.py --stream; gpu_decode.py --compare stream_experts)
+# where they divide the widths. Off until timed (benchmarks/gpu_moe.py --stream,
+# gpu_decode.py --compare stream_experts; BENCHMARKS.md session 34)
 STREAM = False
 STREAM_MAX_ROWS = ONE_ROW_BLOCKS
 STREAM_UNITS = {"gate_up_n": 16, "gate_up_k": 512, "down_n": 16, "down_k": 512,
