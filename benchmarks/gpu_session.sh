@@ -87,6 +87,24 @@ mtp_ab() {
     done
   done
 }
+# Each captured graph's device time per replay (FR-Spec 32k), this tree then .snapold/src, in
+# separate processes:   graphs_ab
+graphs_ab() {
+  local tree src
+  for tree in new old; do
+    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 70 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 2>&1 \
+      | grep -v "it/s" | grep -E "us|Error" | sed "s/^/$tree: /" | tail -12
+  done
+}
+# The hybrid's switches recaptured in one process (gpu_decode.py --compare; the named ones
+# between two "recaptured" rows):   switches_ab JSON SWITCH...
+switches_ab() {
+  local json=$1
+  shift
+  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --compare recaptured "$@" recaptured \
+    --json "$json" 2>&1 | grep -v "it/s" | grep -E "qwen3-next|Error" | cut -c1-200 | tail -$(($# + 4))
+}
 # The hybrid's step traces (FR-Spec 32k, gpu_profile.py --step-trace) in one archive,
 # $OUT/res.tgz (a run returns at most 8 files):   step_traces SECONDS
 step_traces() {
@@ -253,24 +271,16 @@ s33a)     # prepared in sessions 32-33 (no GPU in either) for the next first cal
   timeout 280 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
   mtp_ab 3
   ;;
-s34a)     # session 34, call 1: the GPU tests of sessions 32-34 (s33a's, with the streamed expert kernels), the MTP step against .snapold (a39325b) once, the streamed expert kernels' unit sweep against the tiles at 1 and 4 tokens
-  timeout 250 python3 -m pytest -q -x tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
+s34a|s34one) # session 34, call 1 (s34one: the call alone, most of the session's device budget lost to machines that did not start; a smaller sweep, TESTS_S / SWEEP_S bound its parts): the GPU tests of sessions 32-34 (s33a's, with the streamed expert kernels), the MTP step against .snapold (a39325b) once, the streamed expert kernels' unit sweep against the tiles at 1 and 4 tokens
+  sweep=full tests_s=250 sweep_s=170; [ "$1" = s34one ] && sweep=small tests_s=230 sweep_s=150
+  timeout ${TESTS_S:-$tests_s} python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
   mtp_ab 1
-  timeout 170 python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
-  ;;
-s34one)   # session 34's one call (most of its device budget lost to machines that did not start): s34a's tests, the MTP A/B once, a smaller streamed sweep
-  timeout ${TESTS_S:-230} python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or host_cop or argmax or commit or pooled or chain or gated_attention or combine or moe or embedding_norm or streamed" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -30
-  mtp_ab 1
-  MOE_SWEEP=small timeout ${SWEEP_S:-150} python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
+  MOE_SWEEP=$sweep timeout ${SWEEP_S:-$sweep_s} python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
   ;;
 s34b)     # session 34, call 2: s33b's graphs new against old, then the switches (with the streamed expert kernels on) recaptured in one process
-  for tree in new old; do
-    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 70 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 2>&1 \
-      | grep -v "it/s" | grep -E "us|Error" | sed "s/^/$tree: /" | tail -12
-  done
-  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --compare recaptured no_fused_gated_attention \
-    no_deferred_moe_sum no_folded_shared_expert no_moe_combine stream_experts recaptured --json "$OUT/gpu_decode_s34_switches.json" 2>&1 | grep -v "it/s" | grep -E "qwen3-next|Error" | cut -c1-200 | tail -9
+  graphs_ab
+  switches_ab "$OUT/gpu_decode_s34_switches.json" no_fused_gated_attention no_deferred_moe_sum \
+    no_folded_shared_expert no_moe_combine stream_experts
   ;;
 s34c)     # session 34, call 3: the step traces, the hybrid's time to ready with MTP (fresh Triton cache), the MTP step against .snapold once more
   step_traces 120
@@ -283,15 +293,9 @@ s33c)     # session 33's step traces (kernels a step, host waits), one archive
   step_traces 120
   ;;
 s33b)     # session 33's changes graph by graph: each captured graph's device time per replay (FR-Spec 32k), new against .snapold (a39325b) in alternating processes, once; then the fused gated attention, the deferred MoE sum, the folded shared expert and the MoE combine kernel each off in the same process (recaptured graphs: the 1- and 4-token forwards, b1 step, b16 / b64 tok/s)
-  for i in 1; do
-    for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
-      PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 70 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 2>&1 \
-        | grep -v "it/s" | grep -E "us|Error" | sed "s/^/$tree: /" | tail -12
-    done
-  done
-  timeout 330 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --compare recaptured no_fused_gated_attention \
-    no_deferred_moe_sum no_folded_shared_expert no_moe_combine recaptured --json "$OUT/gpu_decode_s33_switches.json" 2>&1 | grep -v "it/s" | grep -E "qwen3-next|Error" | cut -c1-200 | tail -8
+  graphs_ab
+  switches_ab "$OUT/gpu_decode_s33_switches.json" no_fused_gated_attention no_deferred_moe_sum \
+    no_folded_shared_expert no_moe_combine
   ;;
 s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first half to /root/fx; each graph's device time per replay (FR-Spec 32k and 8k); the MTP step through an 8k FR-Spec head
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/

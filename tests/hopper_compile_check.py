@@ -39,8 +39,6 @@ def _value(v):
     """A launch argument as JSON: a tensor as {"dtype": ...}; scalars and None as they are."""
     if isinstance(v, torch.Tensor):
         return {"dtype": _DTYPES[v.dtype]}
-    if isinstance(v, torch.dtype):
-        return {"torch_dtype": str(v)}
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     raise TypeError(f"launch argument of type {type(v).__name__}")
@@ -97,10 +95,7 @@ def _signature(jit, args: dict) -> tuple[dict, dict]:
     for p in jit.params:
         v = args.get(p.name, p.default if p.has_default else None)
         if p.is_constexpr or v is None:
-            v = _ON_CUDA.get(p.name, v)
-            if isinstance(v, dict) and "torch_dtype" in v:
-                raise ValueError(f"{jit.__name__}: a torch dtype constexpr {p.name}")
-            sig[p.name], consts[p.name] = "constexpr", v
+            sig[p.name], consts[p.name] = "constexpr", _ON_CUDA.get(p.name, v)
         elif isinstance(v, dict):
             sig[p.name] = "*" + v["dtype"]
         elif isinstance(v, bool):

@@ -41,6 +41,15 @@ from mtpserve.kernels.pdl import pdl_wait
 
 
 @triton.jit
+def _program_units(rows, BLOCKS_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr):
+    """This program's id ``pid``, the program count ``G`` and the units ``pid`` goes through: it
+    owns blocks pid, pid + G, ... of the ``rows * BLOCKS_PER_ROW``, each ``CHUNKS`` units."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    return pid, G, ((rows * BLOCKS_PER_ROW - 1 - pid) // G + 1) * CHUNKS
+
+
+@triton.jit
 def _unit_rows(ids_ptr, u, pid, G, BLOCKS_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr):
     """Unit ``u`` of program ``pid``: its (token, choice) row, the row's expert, its first
     output column block and its input chunk."""
@@ -51,13 +60,23 @@ def _unit_rows(ids_ptr, u, pid, G, BLOCKS_PER_ROW: tl.constexpr, CHUNKS: tl.cons
 
 
 @triton.jit
+def _unit_ptrs(w_ptr, ids_ptr, swe, swn, u, pid, G, r, c, BLOCKS_PER_ROW: tl.constexpr,
+               CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] pointers to unit ``u``'s weights: its block's rows of its row's
+    expert (gate rows of a gate/up weight, whose up rows lie ``I`` rows further), its chunk's
+    inputs."""
+    row, e, nb, chunk = _unit_rows(ids_ptr, u, pid, G, BLOCKS_PER_ROW, CHUNKS)
+    return (w_ptr + e * swe + (nb * BLOCK_N + r)[:, None].to(tl.int64) * swn
+            + (chunk * BLOCK_K + c)[None, :])
+
+
+@triton.jit
 def _load_gate_up(w_ptr, ids_ptr, swe, swn, u, pid, G, r, c, I: tl.constexpr,
                   BLOCKS_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):
     """Gate and up rows of unit ``u``, each [BLOCK_N, BLOCK_K] in the weight's dtype."""
-    row, e, nb, chunk = _unit_rows(ids_ptr, u, pid, G, BLOCKS_PER_ROW, CHUNKS)
-    p = (w_ptr + e * swe + (nb * BLOCK_N + r)[:, None].to(tl.int64) * swn
-         + (chunk * BLOCK_K + c)[None, :])
+    p = _unit_ptrs(w_ptr, ids_ptr, swe, swn, u, pid, G, r, c, BLOCKS_PER_ROW, CHUNKS, BLOCK_N,
+                   BLOCK_K)
     return tl.load(p), tl.load(p + I * swn)
 
 
@@ -65,11 +84,9 @@ def _load_gate_up(w_ptr, ids_ptr, swe, swn, u, pid, G, r, c, I: tl.constexpr,
 def _gate_up_stream_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, top_k, rows, swe, swn, sx, sa,
                            H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
     BPR: tl.constexpr = I // BLOCK_N
     CHUNKS: tl.constexpr = H // BLOCK_K
-    units = ((rows * BPR - 1 - pid) // G + 1) * CHUNKS
+    pid, G, units = _program_units(rows, BPR, CHUNKS)
     r = tl.arange(0, BLOCK_N)
     c = tl.arange(0, BLOCK_K)
     pdl_wait(PDL)
@@ -96,40 +113,29 @@ def _gate_up_stream_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, top_k, rows, swe, swn
 
 
 @triton.jit
-def _load_down(w_ptr, ids_ptr, swe, swn, u, pid, G, r, c, BLOCKS_PER_ROW: tl.constexpr,
-               CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Down rows of unit ``u``, [BLOCK_N, BLOCK_K] in the weight's dtype."""
-    row, e, nb, chunk = _unit_rows(ids_ptr, u, pid, G, BLOCKS_PER_ROW, CHUNKS)
-    return tl.load(w_ptr + e * swe + (nb * BLOCK_N + r)[:, None].to(tl.int64) * swn
-                   + (chunk * BLOCK_K + c)[None, :])
-
-
-@triton.jit
 def _down_stream_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, rows, swe, swn, sa, so,
                         H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, EARLY: tl.constexpr, LATE: tl.constexpr,
                         PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
     BPR: tl.constexpr = H // BLOCK_N
     CHUNKS: tl.constexpr = I // BLOCK_K
-    units = ((rows * BPR - 1 - pid) // G + 1) * CHUNKS
+    pid, G, units = _program_units(rows, BPR, CHUNKS)
     r = tl.arange(0, BLOCK_N)
     c = tl.arange(0, BLOCK_K)
     if EARLY:   # the ids are not the gate/up kernel's: only act waits for it (module doc)
-        w = _load_down(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS, BLOCK_N,
-                       BLOCK_K)
+        w = tl.load(_unit_ptrs(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS,
+                               BLOCK_N, BLOCK_K))
         pdl_wait(PDL)
     else:
         pdl_wait(PDL)
-        w = _load_down(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS, BLOCK_N,
-                       BLOCK_K)
+        w = tl.load(_unit_ptrs(w_ptr, ids_ptr, swe, swn, 0, pid, G, r, c, BPR, CHUNKS,
+                               BLOCK_N, BLOCK_K))
     acc = tl.zeros([BLOCK_N], tl.float32)
     for u in range(0, units):
         row, e, nb, chunk = _unit_rows(ids_ptr, u, pid, G, BPR, CHUNKS)
         if u + 1 < units:
-            w_next = _load_down(w_ptr, ids_ptr, swe, swn, u + 1, pid, G, r, c, BPR, CHUNKS,
-                                BLOCK_N, BLOCK_K)
+            w_next = tl.load(_unit_ptrs(w_ptr, ids_ptr, swe, swn, u + 1, pid, G, r, c, BPR,
+                                        CHUNKS, BLOCK_N, BLOCK_K))
         else:
             w_next = w
         a = tl.load(act_ptr + row * sa + chunk * BLOCK_K + c).to(tl.float32)
