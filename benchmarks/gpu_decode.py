@@ -187,7 +187,7 @@ def named_switches() -> dict:
     """``--compare``'s named switches: name -> (module, attr, value)."""
     from mtpserve.kernels import fused_moe_triton as fmoe
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
-    from mtpserve.layers import gated_attention, moe
+    from mtpserve.layers import gated_attention, linear_attention, moe
 
     return {"cublas": (gemv_triton, "ENABLED", False), "no_pdl": (pdl, "ENABLED", False),
                 "no_fused_gated_attention": (gated_attention, "FUSED", False),
@@ -196,6 +196,7 @@ def named_switches() -> dict:
                 "stream_experts": (fmoe, "STREAM", True),
                 "no_deferred_moe_sum": (moe, "DEFER_SUM", False),
                 "no_fused_router": (moe, "FUSED_ROUTER", False),
+                "no_fused_out_norm": (linear_attention, "FUSED_OUT_NORM", False),
                 "no_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
                 "deferred_sum": (gemv_triton, "DEFER_SUM", True),
@@ -274,7 +275,7 @@ def main() -> None:
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
                          "kernels at one row), no_fused_gated_attention, no_moe_combine, "
-                         "no_folded_shared_expert, no_deferred_moe_sum, no_fused_router (hybrid shapes: session "
+                         "no_folded_shared_expert, no_deferred_moe_sum, no_fused_router, no_fused_out_norm (hybrid shapes: session "
                          "33's kernels off; no_moe_combine also unfolds), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "
                          "several joined by '+' set together): "

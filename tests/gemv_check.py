@@ -422,17 +422,19 @@ def _check_stream_errors(device: str) -> None:
 
 def check_stream_fused_inputs(device: str) -> int:
     """The streamed product with its input fused in front (``gemv_stream(silu_input=True)``,
-    ``NormInput``). CPU (float32): [40, 256] in units of 16 x 64 and [100, 512] in one chunk;
-    CUDA (bfloat16): the 1.7B down (SiLU) and q/k/v (norm) shapes and the 8B gate/up shape
-    (norm) in gemv_triton's units through ``gemv_fused_input``. SiLU-and-mul: the same bits as
-    ``silu_and_mul`` then the product; residual add + RMSNorm: within 1e-5 (float32) or 1e-2
-    (bfloat16) of ``add_rms_norm`` then the product, the new residual bit-equal to
-    add_rms_norm's. Returns the number of cases."""
+    ``NormInput``, ``GatedNormInput``). CPU (float32): [40, 256] in units of 16 x 64 and [100,
+    512] in one chunk; CUDA (bfloat16): the 1.7B down (SiLU) and q/k/v (norm) shapes and the 8B
+    gate/up shape (norm) in gemv_triton's units through ``gemv_fused_input``, and each with a
+    Gated DeltaNet's output norm (heads of 32 in chunks of 64 on the CPU, else 128).
+    SiLU-and-mul: the same bits as ``silu_and_mul`` then the product; residual add + RMSNorm:
+    within 1e-5 (float32) or 1e-2 (bfloat16) of ``add_rms_norm`` then the product, the new
+    residual bit-equal to add_rms_norm's; the gated norm within as much of ``gated_rms_norm``
+    then the product. Returns the number of cases."""
     import fused_kernel_check as f
 
     from mtpserve.kernels import gemv_triton
-    from mtpserve.kernels.fused_triton import add_rms_norm, silu_and_mul
-    from mtpserve.kernels.gemv_stream_triton import NormInput, gemv_stream
+    from mtpserve.kernels.fused_triton import add_rms_norm, gated_rms_norm, silu_and_mul
+    from mtpserve.kernels.gemv_stream_triton import GatedNormInput, NormInput, gemv_stream
 
     cpu = device == "cpu"
     cases = ([(40, 256, dict(block_n=16, block_k=64, programs=3)),
@@ -448,7 +450,7 @@ def check_stream_fused_inputs(device: str) -> int:
             x, res = (torch.randn(1, k, generator=g).to(device, dtype) for _ in range(2))
             nw = (torch.rand(k, generator=g) + 0.5).to(device, dtype)
 
-            def product(inp, **more):   # a NormInput takes all K in one chunk
+            def product(inp, **more):   # a NormInput takes all K in one chunk, a gated one not
                 if kw is not None:
                     one = dict(kw, block_k=k) if isinstance(inp, NormInput) else kw
                     return gemv_stream(inp, w, **one, **more)
@@ -467,6 +469,15 @@ def check_stream_fused_inputs(device: str) -> int:
                 h, s = add_rms_norm(x, res, nw, 1e-6, False)
                 want = plain(h)
                 assert torch.equal(ro, s), (n, k)
+                assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
+                done += 1
+            d = 32 if kw is not None and kw["block_k"] == 64 else 128
+            if cpu or gemv_triton.gated_norm_fits(x, w, d):
+                z = torch.randn(1, k, generator=g).to(device, dtype)
+                gw = (torch.rand(d, generator=g) + 0.5).to(device, dtype)
+                got = product(GatedNormInput(x, z, gw, 1e-6))
+                want = plain(gated_rms_norm(x.view(1, -1, d), z.view(1, -1, d), gw,
+                                            1e-6).view(1, k))
                 assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
                 done += 1
     return done

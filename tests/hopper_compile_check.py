@@ -9,8 +9,9 @@ Two steps, two processes (tests/test_hopper_compile.py):
    Qwen3-Next in bfloat16 on the CPU with every layer on its Triton path
    (benchmarks/cpu_kernel_census.py's ``engine_census``), once with the shared expert folded and
    the streamed expert kernels on (units that divide the tiny widths), once unfolded with the
-   tiled ones, the verify's acceptance kernel on as on CUDA; each launch's kernel and
-   arguments (tensors as their dtype) and launch options, without repeats.
+   tiled ones, the verify's acceptance kernel on as on CUDA; then the streamed one-row products
+   with their inputs fused in front, which batch-1 decode steps launch; each launch's kernel
+   and arguments (tensors as their dtype) and launch options, without repeats.
 2. :func:`compile_recorded` (no interpreter): each recorded launch compiled for
    ``GPUTarget("cuda", 90, 32)`` from its arguments, with what differs on CUDA set as CUDA sets
    it: ``PDL`` on (with ``launch_pdl``), ``LATE`` on (the inline-asm widening of 16-bit weights).
@@ -82,11 +83,28 @@ def record_launches(steps: int = 2) -> list[dict]:
         for stream, fold in ((True, True), (False, False)):
             fused_moe_triton.STREAM, moe.FOLD_SHARED_EXPERT = stream, fold
             census.engine_census("tiny-qwen3-next", 3, steps)
+        _fused_input_products()
     finally:
         InterpretedFunction.run = run
         (fused_moe_triton.STREAM, fused_moe_triton.STREAM_UNITS, moe.FOLD_SHARED_EXPERT,
          draft_ahead.use_triton) = saved
     return out
+
+
+def _fused_input_products() -> None:
+    """Streamed one-row products (kernels/gemv_stream_triton.py) with each input fused in front,
+    in bfloat16: a Gated DeltaNet's output norm over two chunks, a residual add + RMSNorm, a
+    SiLU-and-mul. They run in batch-1 decode steps, which the MTP steps above do not take."""
+    from mtpserve.kernels.gemv_stream_triton import GatedNormInput, NormInput, gemv_stream
+
+    bf = dict(dtype=torch.bfloat16)
+    w = torch.randn(32, 64, **bf)
+    x, z, r = (torch.randn(1, 64, **bf) for _ in range(3))
+    unit = dict(block_n=8, num_warps=4)
+    gemv_stream(GatedNormInput(x, z, torch.ones(16, **bf), 1e-6), w, block_k=32, **unit)
+    gemv_stream(NormInput(x, r, torch.ones(64, **bf), 1e-6, torch.empty_like(x)), w,
+                block_k=64, **unit)
+    gemv_stream(torch.randn(1, 128, **bf), w, block_k=32, silu_input=True, **unit)
 
 
 def _signature(jit, args: dict) -> tuple[dict, dict]:

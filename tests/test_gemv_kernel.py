@@ -77,10 +77,11 @@ print("RESULT", gemv_check.check_stream_fused_inputs("cpu"))
 
 def test_streamed_product_with_fused_inputs_under_triton_interpreter():
     """check_stream_fused_inputs("cpu") of tests/gemv_check.py: the streamed product taking
-    SiLU-and-mul of [gate | up] gives the same bits as silu_and_mul then the product, and taking
+    SiLU-and-mul of [gate | up] gives the same bits as silu_and_mul then the product, taking
     a residual add + RMSNorm is within 1e-5 of add_rms_norm then the product with the new
-    residual bit-equal, over [40, 256] and [100, 512] float32 weights: 4 cases."""
-    assert int(run_interpreted(_FUSED_INPUTS, timeout=300)) == 4
+    residual bit-equal, and taking a Gated DeltaNet's output norm within 1e-5 of gated_rms_norm
+    then the product, over [40, 256] and [100, 512] float32 weights: 6 cases."""
+    assert int(run_interpreted(_FUSED_INPUTS, timeout=300)) == 6
 
 
 _SWIGLU = """

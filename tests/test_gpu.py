@@ -1042,7 +1042,8 @@ def test_streamed_one_row_products(tmp_path, monkeypatch):
 
 def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
     """gemv_triton.FUSED_INPUTS: tests/gemv_check.py's check in bfloat16 (1.7B down with
-    SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm: 5 cases); then a
+    SiLU-and-mul, 1.7B q/k/v and 8B gate/up with the residual add + RMSNorm, each of the three
+    with a Gated DeltaNet's output norm in front: 8 cases); then a
     two-layer Qwen3 of the 1.7B's widths (hidden 2048, intermediate 6144), whose one-row q/k/v
     and gate/up products take the norm in front (but layer 0's q/k/v: no residual yet) and down
     products SiLU-and-mul: the fused products seen in the batch-1 graph's capture, the logits of
@@ -1055,7 +1056,7 @@ def test_streamed_products_with_fused_inputs(tmp_path, monkeypatch):
 
     from mtpserve.kernels import gemv_triton
 
-    assert gemv_check.check_stream_fused_inputs("cuda") == 5
+    assert gemv_check.check_stream_fused_inputs("cuda") == 8
     # gate/up kept in checkpoint order (no SwiGLU epilogue, which SWIGLU_MIN_K 0 gives it since
     # session 28), so that the down product takes SiLU-and-mul in front
     monkeypatch.setattr(gemv_triton, "SWIGLU_MIN_K", 1 << 30)

@@ -16,7 +16,8 @@ import json
 import hybrid_path_check as c
 print("RESULT", json.dumps([c.check_model_paths(shared_expert_intermediate_size=32),
                             c.check_model_paths(),
-                            c.check_model_paths(stream=True, shared_expert_intermediate_size=32)]))
+                            c.check_model_paths(stream=True, shared_expert_intermediate_size=32,
+                                                linear_value_head_dim=16)]))
 """
 
 

@@ -120,10 +120,37 @@ def _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K: tl.constexpr):
 
 
 @triton.jit
+def _gated_normed_chunk(x_ptr, z_ptr, nw_ptr, eps, chunk, c, BLOCK_K: tl.constexpr,
+                        D: tl.constexpr):
+    """Chunk ``chunk`` of ``rmsnorm(x) * w * silu(z)`` over heads of D inputs (the Gated
+    DeltaNet's output norm, ``fused_triton.gated_rms_norm``'s arithmetic and roundings; D divides
+    BLOCK_K), as float32 [BLOCK_K]."""
+    dt = x_ptr.dtype.element_ty
+    cols = chunk * BLOCK_K + c
+    x = tl.reshape(tl.load(x_ptr + cols).to(tl.float32), (BLOCK_K // D, D))
+    scale = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    normed = tl.reshape((x * scale[:, None]).to(dt), (BLOCK_K,)).to(tl.float32)
+    weighted = (tl.load(nw_ptr + cols % D).to(tl.float32) * normed).to(dt).to(tl.float32)
+    z = tl.load(z_ptr + cols).to(tl.float32)
+    return (weighted * (z / (1.0 + tl.exp(-z)))).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _input_chunk(x_ptr, r_ptr, nw_ptr, eps, chunk, c, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 D: tl.constexpr, PROLOGUE: tl.constexpr):
+    """Chunk ``chunk`` of the product's input, float32 [BLOCK_K]: x (PROLOGUE 0), SiLU-and-mul
+    of it (1), or its gated per-head norm with r the gate z (3)."""
+    if PROLOGUE == 3:
+        return _gated_normed_chunk(x_ptr, r_ptr, nw_ptr, eps, chunk, c, BLOCK_K, D)
+    else:
+        return _x_chunk(x_ptr, chunk, c, K, BLOCK_K, PROLOGUE == 1)
+
+
+@triton.jit
 def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, sw,
                    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, PROLOGUE: tl.constexpr,
-                   LATE: tl.constexpr, PDL: tl.constexpr):
+                   D: tl.constexpr, LATE: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     CHUNKS: tl.constexpr = K // BLOCK_K
@@ -135,13 +162,14 @@ def _stream_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, sw
     if PROLOGUE == 2:   # the whole input normed once (BLOCK_K == K)
         x = _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K)
     else:
-        x = _x_chunk(x_ptr, 0, c, K, BLOCK_K, PROLOGUE == 1)
+        x = _input_chunk(x_ptr, r_ptr, nw_ptr, eps, 0, c, K, BLOCK_K, D, PROLOGUE)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for u in range(1, units):
         w_next = _load_unit(w_ptr, sw, N, u, pid, G, r, c, CHUNKS, BLOCK_N, BLOCK_K)
         acc += _unit_dot(w, x, LATE)
         if CHUNKS > 1:
-            x = _x_chunk(x_ptr, u % CHUNKS, c, K, BLOCK_K, PROLOGUE == 1)
+            x = _input_chunk(x_ptr, r_ptr, nw_ptr, eps, u % CHUNKS, c, K, BLOCK_K, D,
+                             PROLOGUE)
         if u % CHUNKS == 0:   # unit u - 1 ended its row block
             _store_rows(acc, b_ptr, y_ptr, N, pid + (u // CHUNKS - 1) * G, r, BLOCK_N, HAS_BIAS,
                         SWIGLU)
@@ -185,7 +213,19 @@ class NormInput:
     residual_out: torch.Tensor
 
 
-def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
+@dataclass
+class GatedNormInput:
+    """The product's input as the Gated DeltaNet's output norm still to be done
+    (``rmsnorm(x) * weight * silu(z)`` per head of D = ``weight``'s size, in front of its
+    out_proj, fused into the product's programs): ``x`` and ``z`` [1, K] of one dtype, unit
+    stride along K (K a multiple of D), ``weight`` [D], ``eps``."""
+    x: torch.Tensor
+    z: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+
+def gemv_stream(x: torch.Tensor | NormInput | GatedNormInput, weight: torch.Tensor,
                 bias: torch.Tensor | None = None, block_n: int = 16, block_k: int = 2048,
                 num_warps: int = 8, programs: int | None = None, swiglu: bool = False,
                 out_dtype: torch.dtype | None = None, silu_input: bool = False,
@@ -201,38 +241,59 @@ def gemv_stream(x: torch.Tensor | NormInput, weight: torch.Tensor,
     ``silu(gate) * up`` (the same bits as ``fused_triton.silu_and_mul`` then the product); a
     :class:`NormInput` (needs ``block_k == K``): the product takes the normed residual sum and
     writes the new residual (close to, not always bit-equal with, ``add_rms_norm`` then the
-    product: its sum of squares is reduced in another order).
+    product: its sum of squares is reduced in another order); a :class:`GatedNormInput` (heads
+    of D inputs; D must divide ``block_k``): the product takes the gated per-head norm (close
+    to ``fused_triton.gated_rms_norm`` then the product, for the same reason).
 
     Raises ``ValueError`` for more than one row, an x of another width, a weight not contiguous
     along K, a ``block_k`` that does not divide K, ``swiglu`` with a bias or an odd N, or a
-    NormInput over chunks shorter than K or of mismatched shapes."""
+    NormInput over chunks shorter than K, a GatedNormInput whose heads do not divide them, or
+    either of mismatched shapes."""
     N, K = weight.shape
-    norm = x if isinstance(x, NormInput) else None
-    x = norm.x if norm else x
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != (2 * K if silu_input else K):
-        raise ValueError(f"gemv_stream takes one row of {K} inputs"
-                         f"{' (x 2) for silu_input' if silu_input else ''}, got {tuple(x.shape)}")
+    x, r, nw, ro, eps, prologue, D = _prologue_operands(x, K, block_k, silu_input)
     if weight.stride(-1) != 1 or K % block_k:
         raise ValueError(f"gemv_stream needs a weight contiguous along K and chunks of {block_k} "
                          f"that divide K = {K}")
     if swiglu and (bias is not None or N % 2):
         raise ValueError(f"gemv_stream: SwiGLU takes an even number of rows without bias (N {N})")
-    if norm and (block_k != K or silu_input or norm.residual.shape != x.shape
-                 or norm.residual_out.shape != x.shape or norm.weight.shape != (K,)
-                 or not norm.residual_out.is_contiguous()):
-        raise ValueError(f"gemv_stream: a NormInput needs one chunk of all K = {K} inputs "
-                         f"(block_k {block_k}) and residuals [1, K], residual_out contiguous")
-    x = x.contiguous()
     blocks = triton.cdiv(N, block_n)
     if programs is None:
         programs = 2 * sm_count(x.device.index or 0) if x.is_cuda else 4
     y = torch.empty(1, N // 2 if swiglu else N, dtype=out_dtype or x.dtype, device=x.device)
-    r, nw, ro, eps = ((norm.residual.contiguous(), norm.weight, norm.residual_out, norm.eps)
-                      if norm else (x, x, x, 0.0))
     _stream_kernel[(min(programs, blocks),)](
         x, weight, bias if bias is not None else weight, y, r, nw, ro, eps, N, weight.stride(0),
         K=K, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SWIGLU=swiglu,
-        PROLOGUE=2 if norm else int(silu_input),
-        LATE=x.is_cuda and weight.dtype == torch.bfloat16, num_warps=num_warps,
-        **({"maxnreg": maxnreg} if maxnreg and x.is_cuda else {}), **pdl.launch(x))
+        PROLOGUE=prologue, D=D, LATE=x.is_cuda and weight.dtype == torch.bfloat16,
+        num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg and x.is_cuda else {}),
+        **pdl.launch(x))
     return y
+
+
+def _prologue_operands(x, K: int, block_k: int, silu_input: bool):
+    """``gemv_stream``'s input operands (x, r, nw, ro, eps, PROLOGUE, D) for a plain or SiLU
+    input (0 / 1), a :class:`NormInput` (2) or a :class:`GatedNormInput` (3); raises
+    ``ValueError`` where they do not fit (see ``gemv_stream``)."""
+    norm = x if isinstance(x, NormInput) else None
+    gated = x if isinstance(x, GatedNormInput) else None
+    x = (norm or gated).x if norm or gated else x
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != (2 * K if silu_input else K):
+        raise ValueError(f"gemv_stream takes one row of {K} inputs"
+                         f"{' (x 2) for silu_input' if silu_input else ''}, got {tuple(x.shape)}")
+    if norm:
+        if (block_k != K or silu_input or norm.residual.shape != x.shape
+                or norm.residual_out.shape != x.shape or norm.weight.shape != (K,)
+                or not norm.residual_out.is_contiguous()):
+            raise ValueError(f"gemv_stream: a NormInput needs one chunk of all K = {K} inputs "
+                             f"(block_k {block_k}) and residuals [1, K], residual_out contiguous")
+        return (x.contiguous(), norm.residual.contiguous(), norm.weight, norm.residual_out,
+                norm.eps, 2, 1)
+    if gated:
+        D = gated.weight.numel()
+        if (silu_input or gated.weight.dim() != 1 or block_k % D or gated.z.shape != x.shape
+                or x.stride(1) != 1 or gated.z.stride(1) != 1 or gated.z.dtype != x.dtype):
+            raise ValueError(f"gemv_stream: a GatedNormInput needs x and z [1, {K}] of one "
+                             f"dtype with unit stride and heads (D {D}) that divide chunks of "
+                             f"{block_k}")
+        return x, gated.z, gated.weight, x, gated.eps, 3, D
+    x = x.contiguous()
+    return x, x, x, x, 0.0, int(silu_input), 1

@@ -516,22 +516,39 @@ def fused_input_fits(x: torch.Tensor, weight: torch.Tensor, norm: bool) -> bool:
     16-bit dtype, a streamed product (:func:`stream_config`); for a residual add + RMSNorm
     (``norm``) also ``x`` a tensor (not split-K partials) of K inputs and one chunk of all of
     them. For a SiLU-and-mul (not ``norm``) ``x`` is [1, 2K]."""
+    stream = _fused_stream(x, weight)
+    if stream is None:
+        return False
+    K = weight.shape[1]
+    return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
+
+
+def gated_norm_fits(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
+    """Whether the product of ``x`` [1, K] by ``weight`` [N, K] takes a Gated DeltaNet's output
+    norm over heads of ``head_dim`` fused in front (``gemv_stream_triton.GatedNormInput``): as
+    :func:`fused_input_fits`, with the heads dividing the streamed chunk."""
+    stream = _fused_stream(x, weight)
+    return (stream is not None and x.shape[1] == weight.shape[1]
+            and stream["block_k"] % head_dim == 0)
+
+
+def _fused_stream(x: torch.Tensor, weight: torch.Tensor) -> dict | None:
+    """:func:`stream_config` of a one-row product that may take its input fused in front
+    (ENABLED and FUSED_INPUTS on, one row of ``x`` on CUDA in the weight's 16-bit dtype), else
+    None."""
     if not (ENABLED and FUSED_INPUTS and isinstance(x, torch.Tensor) and x.is_cuda
             and x.dim() == 2 and x.shape[0] == 1 and x.dtype == weight.dtype
             and weight.dtype in (torch.bfloat16, torch.float16) and weight.stride(-1) == 1):
-        return False
-    N, K = weight.shape
-    stream = stream_config(1, N, K)
-    if stream is None:
-        return False
-    return x.shape[1] == K and stream["block_k"] == K if norm else x.shape[1] == 2 * K
+        return None
+    return stream_config(1, *weight.shape)
 
 
 def gemv_fused_input(x, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      swiglu: bool = False, silu_input: bool = False) -> torch.Tensor:
     """The streamed one-row product with its input computed in front, where
-    :func:`fused_input_fits` says so: ``x`` a ``gemv_stream_triton.NormInput`` (residual add +
-    RMSNorm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
+    :func:`fused_input_fits` (or :func:`gated_norm_fits`) says so: ``x`` a
+    ``gemv_stream_triton.NormInput`` (residual add + RMSNorm), a ``GatedNormInput`` (a Gated
+    DeltaNet's output norm) or, with ``silu_input``, [1, 2K] = [gate | up] (SiLU-and-mul); see
     ``gemv_stream``. Returns [1, N] (``swiglu``: [1, N / 2]) in x's dtype."""
     N, K = weight.shape
     return _streamed(x, weight, bias, stream_config(1, N, K), swiglu=swiglu,

@@ -51,6 +51,9 @@ SMALL_QUERY = 16
 # CUDA: prefill chunks of up to this many tokens run by the recurrent Triton kernels (one padded
 # group), longer ones by the chunked form, whose work is parallel over chunks of 64 tokens.
 MEDIUM_QUERY = 256
+# off: at one token on CUDA the output norm runs in its own kernel, not inside the streamed
+# out_proj (GatedDeltaNet._normed_output), for benchmarks/gpu_decode.py --compare
+FUSED_OUT_NORM = True
 
 
 def _load_sections(param: torch.Tensor, loaded: torch.Tensor, sizes: list[int]) -> None:
@@ -328,8 +331,22 @@ class GatedDeltaNet(nn.Module):
             else:
                 for start, end, slot in plan.large:
                     self._run_chunked(start, end, slot, mixed, g, beta, core, cache)
-        out = self.norm(core, z).reshape(x.shape[0], -1)
-        return self.out_proj(out)
+        return self.out_proj(self._normed_output(core, z))
+
+    def _normed_output(self, core: torch.Tensor, z: torch.Tensor):
+        """out_proj's input: the gated norm of ``core`` [T, Hv, Dv] by ``z`` [T, Hv, Dv], as
+        [T, Hv Dv]; at one token on CUDA, where the streamed out_proj takes it in its own
+        programs (FUSED_OUT_NORM, ``gemv_triton.gated_norm_fits``), the norm still to be done
+        (``GatedNormInput``): one kernel and its boundary fewer a decode step's layer."""
+        T = core.shape[0]
+        if FUSED_OUT_NORM and T == 1 and use_triton(core) and z.is_contiguous():
+            from mtpserve.kernels.gemv_stream_triton import GatedNormInput
+            from mtpserve.kernels.gemv_triton import gated_norm_fits
+
+            flat = core.view(1, -1)
+            if gated_norm_fits(flat, self.out_proj.weight, self.dv):
+                return GatedNormInput(flat, z.view(1, -1), self.norm.weight, self.norm.eps)
+        return self.norm(core, z).reshape(T, -1)
 
     def _run_small(self, p: RecurrentPlan, mixed, g, beta, core, cache) -> None:
         conv_c, ssm_c = cache.conv[self.state_idx], cache.ssm[self.state_idx]
