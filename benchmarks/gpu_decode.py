@@ -195,7 +195,6 @@ def named_switches() -> dict:
                 "no_folded_shared_expert": (moe, "FOLD_SHARED_EXPERT", False),
                 "stream_experts": (fmoe, "STREAM", True),
                 "no_deferred_moe_sum": (moe, "DEFER_SUM", False),
-                "no_fused_router": (moe, "FUSED_ROUTER", False),
                 "no_fused_out_norm": (linear_attention, "FUSED_OUT_NORM", False),
                 "no_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 10 ** 9),
                 "no_deferred_sum": (gemv_triton, "DEFER_SUM", False),
@@ -275,7 +274,7 @@ def main() -> None:
                          "tiles: pipelined, or streamed at one row), no_stream (one-row products in tiles, "
                          "not streamed), no_fused_inputs (norms and SiLU-and-mul in their own "
                          "kernels at one row), no_fused_gated_attention, no_moe_combine, "
-                         "no_folded_shared_expert, no_deferred_moe_sum, no_fused_router, no_fused_out_norm (hybrid shapes: session "
+                         "no_folded_shared_expert, no_deferred_moe_sum, no_fused_out_norm (hybrid shapes: session "
                          "33's kernels off; no_moe_combine also unfolds), recaptured, or "
                          "MODULE:ATTR:VALUE (that constant set, the graphs recaptured; "
                          "several joined by '+' set together): "

@@ -277,10 +277,10 @@ s34a|s34one) # session 34, call 1 (s34one: the call alone, most of the session's
   mtp_ab 1
   MOE_SWEEP=$sweep timeout ${SWEEP_S:-$sweep_s} python3 benchmarks/gpu_moe.py --stream --tokens 1 4 --json "$OUT/moe_stream.json" 2>&1 | tail -16
   ;;
-s34b)     # session 34, call 2: s33b's graphs new against old, then the switches (with the streamed expert kernels on) recaptured in one process; session 35 added no_fused_router and no_fused_out_norm
+s34b)     # session 34, call 2: s33b's graphs new against old, then the switches (with the streamed expert kernels on) recaptured in one process; session 35 added no_fused_out_norm
   graphs_ab
   switches_ab "$OUT/gpu_decode_s34_switches.json" no_fused_gated_attention no_deferred_moe_sum \
-    no_folded_shared_expert no_moe_combine stream_experts no_fused_router no_fused_out_norm
+    no_folded_shared_expert no_moe_combine stream_experts no_fused_out_norm
   ;;
 s34c)     # session 34, call 3: the step traces, the hybrid's time to ready with MTP (fresh Triton cache), the MTP step against .snapold once more
   step_traces 120

@@ -100,7 +100,7 @@ def _steps(layer, cfg, x, device, fused: bool):
                                                             device=device), tables, bs, 64)
             else:
                 attn = build_torch_metadata([stop - start], [stop + 2], tables, bs,
-                                            torch.device(device))
+                                            torch.device(device), dtype)
             batch = SimpleNamespace(slot_mapping=pos + 2, attn=attn, kv_caches=kv)
             outs.append(layer(layer.rotary.lookup(pos, dtype), x[start:stop], batch))
     return torch.cat(outs).cpu(), kv[0][0].cpu(), kv[0][1].cpu()

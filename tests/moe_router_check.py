@@ -166,57 +166,6 @@ def _check_route_graph(route, worst) -> None:
     assert err <= F32_TOL and (gate.cpu() - ref_gate).abs().max().item() <= F32_TOL
 
 
-def check_product_route(device, dtypes=(torch.float32,)) -> dict:
-    """``moe_router_fused_triton.product_route`` (the router's product and the routing in one
-    kernel): its float32 logits within 1e-5 (relative to the row's largest |logit|) of the
-    float64 product, and its ids, weights and gate bit-equal to ``route`` of those logits (the
-    same routing code); a row's logits bit-equal whether the call has 1 token or T; for E in
-    {64, 512}, k in {8, 10}, hidden 200 (not a power of two) and 256, with and without the
-    shared gate row (appended as a choice, or as its own gate), one and several weight rows a
-    program; and the errors raised. Returns the worst logit error per dtype."""
-    from mtpserve.kernels.moe_router_fused_triton import product_route
-    from mtpserve.kernels.moe_router_triton import route
-
-    worst: dict = {}
-    g = torch.Generator().manual_seed(5)
-    case = 0
-    for dtype in dtypes:
-        for E, k, H, T in ((64, 8, 256, 5), (512, 10, 200, 3)):
-            for shared, append, block_n in ((False, False, None), (True, False, 1),
-                                            (True, True, None)):
-                case += 1
-                renorm = case % 2 == 0
-                x = torch.randn(T, H, generator=g).to(device, dtype)
-                w = (torch.randn(E + int(shared), H, generator=g) / H ** 0.5).to(device, dtype)
-                ids, wts, gate, logits = product_route(x, w, k, renorm, shared, append,
-                                                       block_n=block_n)
-                ref = (x.double() @ w.double().t()).cpu()
-                err = ((logits.cpu().double() - ref).abs().max(1).values
-                       / ref.abs().max(1).values).max().item()
-                key = f"logits {str(dtype)[6:]}"
-                worst[key] = max(worst.get(key, 0.0), err)
-                assert logits.dtype == torch.float32 and err <= 1e-5, (E, k, dtype, err)
-                want = route(logits, k, renorm, shared_gate=shared, out_dtype=dtype,
-                             append_shared=append)
-                for got, exp in zip((ids, wts, gate), want):
-                    assert (got is None) == (exp is None)
-                    assert got is None or torch.equal(got.cpu(), exp.cpu()), (got, exp)
-                one = product_route(x[T - 1:], w, k, renorm, shared, append, block_n=block_n)
-                assert torch.equal(one[3].cpu(), logits[T - 1:].cpu())
-                assert torch.equal(one[0].cpu(), ids[T - 1:].cpu())
-    x, w = torch.randn(2, 64).to(device), torch.randn(9, 64).to(device)
-    for args, kw in (((x[:0], w, 2), {}), ((torch.randn(17, 64).to(device), w, 2), {}),
-                     ((x, w.double(), 2), {}), ((x, w, 0), {}), ((x, w, 10), {}),
-                     ((x, w, 2), dict(append_shared=True)), ((x, w, 2), dict(block_n=3)),
-                     ((x, w.t().contiguous().t(), 2), {}), ((x[:, :32], w, 2), {})):
-        try:
-            product_route(*args, **kw)
-        except ValueError:
-            continue
-        raise AssertionError(f"product_route{args[0].shape, args[2:], kw} did not raise")
-    return worst
-
-
 # ---- the whole block ----------------------------------------------------------------------------
 def block_cfg(E: int, k: int, renorm: bool = True, hidden: int = 64, shared: int = 48):
     """A SparseMoeBlock config: expert width 32, the shared expert ``shared`` wide (32: folded

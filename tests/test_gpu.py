@@ -719,13 +719,6 @@ def test_moe_router_kernel_matches_torch_reference():
     print(_moe_router_check().check_route("cuda", (torch.float32, torch.bfloat16)))
 
 
-def test_moe_router_product_and_routing_in_one_kernel():
-    """kernels/moe_router_fused_triton.py: float32 logits within 1e-5 of the float64 product,
-    ids / weights / gate bit-equal to the routing kernel over those logits, a row's logits the
-    same at 1 token and at T, float32 and bfloat16, the errors (tests/moe_router_check.py)."""
-    print(_moe_router_check().check_product_route("cuda", (torch.float32, torch.bfloat16)))
-
-
 def test_sparse_moe_block_on_cuda_matches_cpu():
     """SparseMoeBlock on CUDA (merged router + shared-gate product, routing kernel, grouped
     expert GEMMs) against its PyTorch path on the CPU: float32 within 1e-5, bfloat16 within 2e-2,

@@ -31,14 +31,13 @@ ALLOWED_LINES = ("kernels/paged_attention.py:", "engine/model_runner.py:", "laye
 # 4 layers (3 Gated DeltaNet, 1 gated attention), each with a sparse MoE block whose shared
 # expert is as wide as an expert: folded, it runs inside the experts' kernels (no SiLU-and-mul
 # or products of its own), and the next norm sums each token's choices (no combine kernel); the
-# embedding rows are read and normed for the first layer in one kernel; the router's product
-# (with the shared expert's gate) and the routing are one kernel
+# embedding rows are read and normed for the first layer in one kernel
 TRITON = {"_add_rms_norm_kernel": 8, "_embed_rms_norm_kernel": 1, "_conv_kernel": 3,
           "_recurrent_kernel": 3, "_gated_rms_norm_kernel": 3, "_qk_norm_rope_kv_kernel": 1,
-          "_output_gate_kernel": 1, "_product_route_kernel": 4, "_gate_up_kernel": 4,
-          "_down_kernel": 4}
-# the products: in_proj and out_proj (Gated DeltaNet), qkv and o (attention), the LM head
-PRODUCTS = 3 * 2 + 2 + 1
+          "_output_gate_kernel": 1, "_route_kernel": 4, "_gate_up_kernel": 4, "_down_kernel": 4}
+# the products: in_proj and out_proj (Gated DeltaNet), qkv and o (attention), the router with
+# the shared expert's gate (every layer), the LM head
+PRODUCTS = 3 * 2 + 2 + 4 + 1
 
 
 def test_hybrid_forward_launches_only_triton_kernels_between_products():

@@ -29,8 +29,7 @@ from mtpserve.kernels import moe_router_triton
 import moe_router_check as m
 assert isinstance(moe_router_triton._route_kernel, InterpretedFunction)
 out = {"route": m.check_route("cpu"), "block": m.check_block("cpu", rows=(1, 5)),
-       "combine": m.check_combine("cpu"), "deferred": m.check_deferred_sum("cpu"),
-       "product_route": m.check_product_route("cpu")}
+       "combine": m.check_combine("cpu"), "deferred": m.check_deferred_sum("cpu")}
 print("RESULT " + json.dumps(out))
 """
 
@@ -49,8 +48,6 @@ def test_router_kernel_and_block_under_triton_interpreter():
     assert res["combine"]["combine bfloat16"] <= 1 and res["combine"]["combine float32"] <= 1e-6
     # a folded block's choices summed by the next norm: the combine kernel's bits
     assert res["deferred"] == 3
-    # the router's product and routing in one kernel: float32 logits near the float64 product
-    assert 0 < res["product_route"]["logits float32"] <= 1e-5
 
 
 def test_moe_combine_refuses_operands_that_do_not_fit():

@@ -53,34 +53,18 @@ def _route_kernel(logits_ptr, ids_ptr, w_ptr, gate_ptr, T, stride, E: tl.constex
                   APPEND: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = rows < T
     rows_in = tl.minimum(rows, T - 1)            # rows past T recompute the last one, unstored
-    route_rows(logits_ptr + rows_in * stride, rows, rows < T, ids_ptr, w_ptr, gate_ptr, E, K,
-               BLOCK_E, BLOCK_K, ROWS, RENORMALIZE, SHARED_GATE, APPEND, False)
-
-
-@triton.jit
-def route_rows(row_ptrs, rows, live, ids_ptr, w_ptr, gate_ptr, E: tl.constexpr,
-               K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-               ROWS: tl.constexpr, RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr,
-               APPEND: tl.constexpr, FROM_L2: tl.constexpr):
-    """The routing of the module docstring for ``ROWS`` tokens: ``row_ptrs`` [ROWS] point at
-    each token's E logits (and the shared gate's at E), ``rows`` [ROWS] are the tokens' output
-    rows, stored where ``live``. ``FROM_L2``: read the logits with ``.cg`` (other programs of
-    the same kernel wrote them: kernels/moe_router_fused_triton.py)."""
     offs = tl.arange(0, BLOCK_E)
     valid = offs < E
-    ptrs = row_ptrs[:, None] + offs[None, :]
-    if FROM_L2:
-        l = tl.load(ptrs, mask=valid[None, :], other=float("-inf"), cache_modifier=".cg")
-    else:
-        l = tl.load(ptrs, mask=valid[None, :], other=float("-inf"))
-    l = l.to(tl.float32)                         # [ROWS, BLOCK_E]
+    l = tl.load(logits_ptr + rows_in[:, None] * stride + offs[None, :],
+                mask=valid[None, :], other=float("-inf")).to(tl.float32)        # [ROWS, BLOCK_E]
     top = tl.max(l, 1)
     denom = tl.sum(tl.exp(l - top[:, None]), 1)  # padding: exp(-inf) = 0
     slot = tl.arange(0, BLOCK_K)
     sel_id = tl.zeros([ROWS, BLOCK_K], tl.int32)
     sel_l = tl.full([ROWS, BLOCK_K], float("-inf"), tl.float32)
-    free = valid[None, :] & (rows[:, None] >= 0)
+    free = valid[None, :] & (rows_in[:, None] >= 0)
     for j in tl.static_range(K):
         cand = tl.where(free, l, float("-inf"))
         best = tl.max(cand, 1)
@@ -98,11 +82,8 @@ def route_rows(row_ptrs, rows, live, ids_ptr, w_ptr, gate_ptr, E: tl.constexpr,
     tl.store(ids_ptr + out, sel_id.to(tl.int64), mask=keep)
     tl.store(w_ptr + out, w.to(w_ptr.dtype.element_ty), mask=keep)
     if SHARED_GATE:
-        if FROM_L2:
-            g = tl.load(row_ptrs + E, cache_modifier=".cg")
-        else:
-            g = tl.load(row_ptrs + E)
-        gate = 1.0 / (1.0 + tl.exp(-g.to(tl.float32)))
+        g = tl.load(logits_ptr + rows_in * stride + E).to(tl.float32)
+        gate = 1.0 / (1.0 + tl.exp(-g))
         if APPEND:   # choice K: expert E (the shared one), weighted by its gate
             tl.store(ids_ptr + rows * W + K, tl.full([ROWS], E, tl.int64), mask=live)
             tl.store(w_ptr + rows * W + K, gate.to(w_ptr.dtype.element_ty), mask=live)

@@ -30,9 +30,6 @@ FOLD_SHARED_EXPERT = True
 # off: a folded block sums its choices in the combine kernel instead of leaving them to the
 # next norm (SparseMoeBlock.forward's defer_sum), for gpu_decode.py --compare
 DEFER_SUM = True
-# off: on CUDA the router's product and the routing are two kernels, not one
-# (kernels/moe_router_fused_triton.py), for gpu_decode.py --compare no_fused_router
-FUSED_ROUTER = True
 
 
 class GatedMLP(nn.Module):
@@ -268,7 +265,8 @@ class SparseMoeBlock(nn.Module):
 
             # the shared expert as choice k + 1 (expert E, weighed by its gate); layout and
             # tiles as for the routed rows alone
-            ids, weights, _ = self._route_merged(x, w, append_shared=True)
+            ids, weights, _ = route(_router_logits(x, w), self.top_k, self.renormalize,
+                                    shared_gate=True, out_dtype=x.dtype, append_shared=True)
             per_choice = self.experts(x, ids, weights, sum_choices=False, extra_choice=True)
             # a few tokens only (the folded steps): the partials outlive this call until the
             # next norm, next to the next layer's own
@@ -280,7 +278,8 @@ class SparseMoeBlock(nn.Module):
                                       x.dtype)
             return moe_combine(per_choice, k=self.top_k + 1)
         if w is not None:
-            ids, weights, gate = self._route_merged(x, w)
+            ids, weights, gate = route(_router_logits(x, w), self.top_k, self.renormalize,
+                                       shared_gate=True, out_dtype=x.dtype)
         else:                                       # untied (e.g. a deep copy): two products
             ids, weights, _ = route(self.gate(x), self.top_k, self.renormalize,
                                     out_dtype=x.dtype)
@@ -292,22 +291,6 @@ class SparseMoeBlock(nn.Module):
             return moe_combine(per_choice, self.shared_expert(x), gate)
         routed = tp_all_reduce(self.experts(x, ids, weights))
         return torch.addcmul(routed, self.shared_expert(x), gate)
-
-
-    def _route_merged(self, x: torch.Tensor, w: torch.Tensor, append_shared: bool = False):
-        """``route``'s (ids, weights, gate) for x [T, H] from the merged router ``w`` [E + 1,
-        H]: the product and the routing in one kernel where it takes them (FUSED_ROUTER, up to
-        ``moe_router_fused_triton.MAX_TOKENS`` tokens: decode and verify), else the float32
-        product (:func:`_router_logits`) and the routing kernel."""
-        from mtpserve.kernels import moe_router_fused_triton as fused
-
-        if FUSED_ROUTER and fused.fits(x, w):
-            return fused.product_route(x, w, self.top_k, self.renormalize, shared_gate=True,
-                                       append_shared=append_shared)[:3]
-        from mtpserve.kernels.moe_router_triton import route
-
-        return route(_router_logits(x, w), self.top_k, self.renormalize, shared_gate=True,
-                     out_dtype=x.dtype, append_shared=append_shared)
 
 
 def _views_row(p: torch.Tensor, rows: torch.Tensor, e: int) -> bool:
