@@ -185,7 +185,6 @@ def recaptured(eng: LLMEngine, shape: str, label: str, settings: list[tuple]) ->
 
 def named_switches() -> dict:
     """``--compare``'s named switches: name -> (module, attr, value)."""
-    from mtpserve.kernels import fused_moe_triton as fmoe
     from mtpserve.kernels import gemv_triton, paged_attention_triton, pdl
     from mtpserve.layers import gated_attention, linear_attention, moe
 
@@ -193,7 +192,6 @@ def named_switches() -> dict:
                 "no_fused_gated_attention": (gated_attention, "FUSED", False),
                 "no_moe_combine": (moe, "COMBINE_KERNEL", False),
                 "no_folded_shared_expert": (moe, "FOLD_SHARED_EXPERT", False),
-                "stream_experts": (fmoe, "STREAM", True),
                 "no_deferred_moe_sum": (moe, "DEFER_SUM", False),
                 "no_fused_out_norm": (linear_attention, "FUSED_OUT_NORM", False),
                 "no_pair_kernel": (paged_attention_triton, "PAIR_KERNEL_PAIRS_PER_SM", 10 ** 9),

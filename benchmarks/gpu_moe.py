@@ -6,14 +6,6 @@ For the Qwen3-Next-like shape of gpu_decode.py (64 experts, top 8, hidden 2048, 
 512, bf16) and each token count: microseconds per ``fused_experts`` call (20 calls captured in a
 CUDA graph, median of 5 replays) for a sweep of ``MoETiles``, with the expert bytes it reads
 (distinct experts x 3 x H x I x 2 B) as TB/s. Random routing, distinct experts per token.
-
-    python benchmarks/gpu_moe.py --stream [--tokens 1 4] [--json PATH]
-
-The streamed expert kernels (kernels/moe_stream_triton.py) against the tiles ``moe_tiles``
-picks, both over 4 sets of expert weights taken in turn (so that one call's experts are not in
-L2 from the call before): first the gate/up unit, warps and programs an SM with the down unit
-16 x 512, then the down unit with the best of those, then the best without the down kernel's
-early first unit (``early_down=False``). ``MOE_SWEEP=small`` in the environment: fewer units.
 """
 
 from __future__ import annotations
@@ -21,14 +13,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 
 import torch
 import triton
 
 from gpu_gemv import graph_time
 from mtpserve.kernels.fused_moe_triton import MoETiles, fused_experts, moe_tiles
-from mtpserve.kernels.moe_stream_triton import streamed_experts
 
 E, K, H, I = 64, 8, 2048, 512
 CALLS = 20
@@ -40,63 +30,12 @@ def sweep():
         yield MoETiles(gn, gk, dn, dk, w)
 
 
-def stream_sweep(tokens: list[int]) -> dict:
-    """Microseconds per call of the streamed kernels by unit, against the tiled kernels."""
-    dev, dt, sets = "cuda", torch.bfloat16, 4
-    gate_up = [torch.randn(E, 2 * I, H, device=dev, dtype=dt) * 0.02 for _ in range(sets)]
-    down = [torch.randn(E, H, I, device=dev, dtype=dt) * 0.02 for _ in range(sets)]
-    results = {}
-    for T in tokens:
-        x = torch.randn(T, H, device=dev, dtype=dt)
-        ids = torch.rand(T, E, device=dev).topk(K, dim=1).indices
-        w = torch.rand(T, K, device=dev, dtype=dt)
-        gb = ids.unique().numel() * 3 * H * I * 2 / 1e9
-        ref = fused_experts(x, ids, w, gate_up[0], down[0], sum_choices=False)
-        tiled = graph_time(lambda i: fused_experts(x, ids, w, gate_up[i % sets], down[i % sets],
-                                                   sum_choices=False), CALLS)
-
-        def timed(cfg):
-            out = streamed_experts(x, ids, w, gate_up[0], down[0], **cfg)
-            assert (out - ref).abs().max().item() < 1e-2 * ref.abs().max().item() + 1e-3
-            return graph_time(lambda i: streamed_experts(x, ids, w, gate_up[i % sets],
-                                                         down[i % sets], **cfg), CALLS)
-
-        small = os.environ.get("MOE_SWEEP") == "small"
-        rows = []
-        for gn, gk, nw, per_sm in itertools.product((8, 16, 32), (512, 1024) if small else
-                                                    (256, 512, 1024), (4, 8), (1, 2)):
-            cfg = dict(gate_up_n=gn, gate_up_k=gk, num_warps=nw, per_sm=per_sm)
-            rows.append((timed(cfg), cfg))
-        best = min(rows, key=lambda r: r[0])[1]
-        for dn, dk in itertools.product((8, 16, 32) if small else (8, 16, 32, 64),
-                                        (256, 512) if small else (128, 256, 512)):
-            cfg = dict(best, down_n=dn, down_k=dk)
-            rows.append((timed(cfg), cfg))
-        rows.sort(key=lambda r: r[0])
-        late = dict(rows[0][1], early_down=False)
-        late_us = timed(late)
-        print(f"T={T}: {gb * 1e3:.0f} MB of experts; tiled (moe_tiles) {tiled:.1f} us "
-              f"({gb / tiled * 1e3:.2f} TB/s); streamed, best:", flush=True)
-        for us, cfg in rows[:6]:
-            print(f"  {us:6.1f} us ({gb / us * 1e3:.2f} TB/s) {cfg}", flush=True)
-        print(f"  {late_us:6.1f} us ({gb / late_us * 1e3:.2f} TB/s) {late}", flush=True)
-        results[T] = {"tiled_us": tiled, "best": rows[:10], "best_late_down_us": late_us}
-    return results
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--json")
-    ap.add_argument("--stream", action="store_true", help="sweep the streamed kernels' units")
     a = ap.parse_args()
     torch.manual_seed(0)
-    if a.stream:
-        results = stream_sweep(a.tokens)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(results, f, indent=1)
-        return
     dev, dt = "cuda", torch.bfloat16
     gate_up = torch.randn(E, 2 * I, H, device=dev, dtype=dt) * 0.02
     down = torch.randn(E, H, I, device=dev, dtype=dt) * 0.02

@@ -7,9 +7,8 @@ Two steps, two processes (tests/test_hopper_compile.py):
 
 1. :func:`record_launches` (under ``TRITON_INTERPRET=1``): whole MTP engine steps of the tiny
    Qwen3-Next in bfloat16 on the CPU with every layer on its Triton path
-   (benchmarks/cpu_kernel_census.py's ``engine_census``), once with the shared expert folded and
-   the streamed expert kernels on (units that divide the tiny widths), once unfolded with the
-   tiled ones, the verify's acceptance kernel on as on CUDA; then the streamed one-row products
+   (benchmarks/cpu_kernel_census.py's ``engine_census``), once with the shared expert folded, once
+   unfolded (with the combine kernel), the verify's acceptance kernel on as on CUDA; then the streamed one-row products
    with their inputs fused in front, which batch-1 decode steps launch; each launch's kernel
    and arguments (tensors as their dtype) and launch options, without repeats.
 2. :func:`compile_recorded` (no interpreter): each recorded launch compiled for
@@ -53,7 +52,6 @@ def record_launches(steps: int = 2) -> list[dict]:
 
     import cpu_kernel_census as census
 
-    from mtpserve.kernels import fused_moe_triton
     from mtpserve.layers import moe
     from mtpserve.spec import draft_ahead
 
@@ -73,21 +71,16 @@ def record_launches(steps: int = 2) -> list[dict]:
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = recorded
-    saved = (fused_moe_triton.STREAM, fused_moe_triton.STREAM_UNITS, moe.FOLD_SHARED_EXPERT,
-             draft_ahead.use_triton)
-    # units that divide the tiny widths (H 64, I 32); the verify graph's acceptance kernel
-    fused_moe_triton.STREAM_UNITS = dict(gate_up_n=8, gate_up_k=16, down_n=16, down_k=16,
-                                         num_warps=4, per_sm=2)
-    draft_ahead.use_triton = lambda x: True
+    saved = moe.FOLD_SHARED_EXPERT, draft_ahead.use_triton
+    draft_ahead.use_triton = lambda x: True   # the verify graph's acceptance kernel
     try:
-        for stream, fold in ((True, True), (False, False)):
-            fused_moe_triton.STREAM, moe.FOLD_SHARED_EXPERT = stream, fold
+        for fold in (True, False):
+            moe.FOLD_SHARED_EXPERT = fold
             census.engine_census("tiny-qwen3-next", 3, steps)
         _fused_input_products()
     finally:
         InterpretedFunction.run = run
-        (fused_moe_triton.STREAM, fused_moe_triton.STREAM_UNITS, moe.FOLD_SHARED_EXPERT,
-         draft_ahead.use_triton) = saved
+        moe.FOLD_SHARED_EXPERT, draft_ahead.use_triton = saved
     return out
 
 

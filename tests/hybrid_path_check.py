@@ -8,23 +8,17 @@ from __future__ import annotations
 import contextlib
 
 
-def check_model_paths(stream: bool = False, **overrides) -> float:
+def check_model_paths(out_norm: bool = False, **overrides) -> float:
     """Largest logit difference (float32) between the two paths of a tiny Qwen3-Next with
     ``overrides`` (e.g. ``shared_expert_intermediate_size=32``: the shared expert folded into
-    the experts and each MoE block's per-choice outputs summed by the next norm); ``stream``:
-    the experts of decode and verify steps through kernels/moe_stream_triton.py (units that
-    divide the tiny widths, H 64 and I 32), and each one-token Gated DeltaNet's output norm
-    inside its streamed out_proj (``GatedNormInput``; CUDA-only gates opened for the CPU, the
-    calls counted; value heads of a power of two, e.g. ``linear_value_head_dim=16``)."""
+    the experts and each MoE block's per-choice outputs summed by the next norm);
+    ``out_norm``: each one-token Gated DeltaNet's output norm inside its streamed out_proj
+    (``GatedNormInput``; CUDA-only gates opened for the CPU, the calls counted; value heads of
+    a power of two, e.g. ``linear_value_head_dim=16``). Besides _drive's batches, one sequence
+    alone takes one-token decode steps (:func:`_drive_one`)."""
     from fused_kernel_check import triton_on_cpu
     from gdn_kernel_check import _drive
     from harness_hybrid import HybridHarness, tiny_hybrid_hf
-
-    from mtpserve.kernels import fused_moe_triton as fm
-
-    fm.STREAM = stream
-    fm.STREAM_UNITS = dict(gate_up_n=8, gate_up_k=16, down_n=16, down_k=16, num_warps=4,
-                           per_sm=2)
 
     hf, cfg = tiny_hybrid_hf("qwen3_next", **overrides)
     runs = []
@@ -35,9 +29,9 @@ def check_model_paths(stream: bool = False, **overrides) -> float:
                 if hasattr(block, "merge_router_weights"):
                     block.merge_router_weights()
             with triton_on_cpu("cpu", attention=False, hybrid=True), \
-                    _out_norm_streamed_on_cpu(stream) as calls:
+                    _out_norm_streamed_on_cpu(out_norm) as calls:
                 runs.append(_drive(h)[0] + _drive_one(h))
-            assert (calls[0] > 0) == stream, calls
+            assert (calls[0] > 0) == out_norm, calls
         else:
             runs.append(_drive(h)[0] + _drive_one(h))
     (ref, got) = runs

@@ -15,12 +15,12 @@ import hopper_compile_check as h
 print("RESULT " + json.dumps(h.record_launches()))
 """
 
-# every kernel the two configurations launch (folded + streamed experts; unfolded + tiled),
+# every kernel the two configurations launch (folded shared expert; unfolded, combine kernel),
 # and the streamed one-row product with its fused inputs
 KERNELS = {
     "_accept_kernel", "_add_rms_norm_kernel", "_argmax_kernel", "_combine_kernel",
-    "_commit_kernel", "_conv_kernel", "_down_kernel", "_down_stream_kernel",
-    "_embed_rms_norm_kernel", "_gate_up_kernel", "_gate_up_stream_kernel",
+    "_commit_kernel", "_conv_kernel", "_down_kernel", "_embed_rms_norm_kernel",
+    "_gate_up_kernel",
     "_gated_rms_norm_kernel", "_output_gate_kernel", "_qk_norm_rope_kv_kernel",
     "_recurrent_kernel", "_rms_norm_kernel", "_route_kernel", "_silu_mul_kernel",
     "_stream_kernel", "pair_kernel",

@@ -27,7 +27,7 @@ import moe_align_check as m
 assert isinstance(fused_moe_triton._align_kernel, InterpretedFunction)
 out = {"align": m.check_align("cpu", random_sizes=((128, 10, 512), (300, 8, 64))),
        "dispatch": m.check_dispatch("cpu"), "fused": m.check_fused_experts("cpu"),
-       "streamed": m.check_streamed_experts("cpu")}
+       "sliced": m.check_sliced_ids("cpu")}
 print("RESULT " + json.dumps(out))
 """
 
@@ -37,20 +37,14 @@ def test_align_kernel_under_triton_interpreter():
     block_expert equal to align_by_expert_torch for every case (one row; below, at and above one
     chunk; empty experts; all rows to one expert; E = 64 top 8, E = 512 top 10 at 128 tokens;
     block sizes 16 and 64), the errors raised, and align_by_expert taking the kernel up to its
-    row limit only; fused_experts through the kernel within 1e-5 of the per-expert loop, and
-    through the streamed kernels (check_streamed_experts)."""
+    row limit only; fused_experts through the kernel within 1e-5 of the per-expert loop, also
+    given ids sliced to one column (check_sliced_ids)."""
     res = json.loads(run_interpreted(_INTERPRETED, timeout=300))
     assert len(res["align"]) == len(cases()) + 4
     assert res["align"]["random T=128 k=10 E=512 bm=64"] == 33536
     assert res["dispatch"]["kernel calls"] == [200]
     assert len(res["fused"]) == 2 and all(0 < e < 1e-5 for e in res["fused"].values())
-    streamed = res["streamed"]
-    assert streamed.pop("error") == (
-        "streamed_experts: units 24x512 / 16x512 are not powers of two dividing H 64, I 32 "
-        "(or per_sm 2 < 1)")
-    assert streamed.pop("folded") < 1e-6 and streamed.pop("top 1") < 1e-6
-    assert sorted(streamed) == ["T=1", "T=3", "T=7"]
-    assert all(0 < e < 1e-5 for e in streamed.values())
+    assert len(res["sliced"]) == 5 and all(0 < e < 1e-5 for e in res["sliced"].values())
 
 
 def test_reference_layout_on_the_cases():

@@ -16,8 +16,7 @@ per (block, output columns), reading that expert's weights once per block:
 3. ``_down_kernel``: ``out[row] = routing_weight[row] * act W_down^T`` scattered back to the flat
    (token, choice) rows; the caller sums over the k choices.
 
-Steps of at most ``ONE_ROW_BLOCKS`` rows skip the sort (each row its own block), and with
-``STREAM`` on they run kernels/moe_stream_triton.py's streamed one-row products instead.
+Steps of at most ``ONE_ROW_BLOCKS`` rows skip the sort (each row its own block).
 
 R is static, ``T*k + min(T*k, E) * (block_m - 1)`` rounded up to a block, so a CUDA graph can
 hold the whole computation. H and I are compile-time constants (static loop trip counts, which
@@ -34,7 +33,6 @@ import triton.language as tl
 
 from mtpserve.kernels import pdl
 from mtpserve.kernels.dispatch import INTERPRET
-from mtpserve.kernels.moe_stream_triton import stream_fits, streamed_experts
 from mtpserve.kernels.pdl import pdl_wait
 
 
@@ -355,17 +353,13 @@ def moe_tiles(num_rows: int) -> MoETiles:
 # without (L2 already serves the rows' repeated reads). Also dropped (session 30, 9502471):
 # a down product that summed each token's choices and added the shared expert itself (one
 # program per 16 outputs reading the k experts in turn, on CUDA cores): the hybrid's
-# one-token forward took 1.222 ms against 1.152 with the sum and addcmul in PyTorch
+# one-token forward took 1.222 ms against 1.152 with the sum and addcmul in PyTorch. Also
+# dropped (session 35, removed after 5fb7fd1): streamed one-row expert products (units of a
+# row block by a chunk of inputs, CUDA-core float32, a register double buffer; session 34) lost
+# to these tiles on an H100: 22.6 against 23.0 us a layer at one token, 75.7 against 71.9 at
+# four (benchmarks/gpu_moe.py), the one-token forward 1.142 ms against 1.072-1.074
 ONE_ROW_BLOCKS = 64
 _one_row_rows: dict = {}
-# on: layouts of one row a block of at most STREAM_MAX_ROWS rows run the streamed kernels of
-# kernels/moe_stream_triton.py with the units STREAM_UNITS (its ``streamed_experts`` keywords)
-# where they divide the widths. Off until timed (benchmarks/gpu_moe.py --stream,
-# gpu_decode.py --compare stream_experts; BENCHMARKS.md session 34)
-STREAM = False
-STREAM_MAX_ROWS = ONE_ROW_BLOCKS
-STREAM_UNITS = {"gate_up_n": 16, "gate_up_k": 512, "down_n": 16, "down_k": 512,
-                "num_warps": 4, "per_sm": 2}
 
 
 def one_row_blocks(ids: torch.Tensor, block_m: int):
@@ -384,14 +378,6 @@ def one_row_blocks(ids: torch.Tensor, block_m: int):
     return rows, ids.flatten().to(torch.int64)
 
 
-def _streams(rows: int, h: int, inter: int, tiles: MoETiles | None) -> bool:
-    """Whether a step of ``rows`` routed rows takes the streamed kernels (``STREAM``; not when
-    the caller asks for tiles)."""
-    u = STREAM_UNITS
-    return (STREAM and tiles is None and rows <= min(STREAM_MAX_ROWS, ONE_ROW_BLOCKS)
-            and stream_fits(h, inter, u["gate_up_n"], u["gate_up_k"], u["down_n"], u["down_k"]))
-
-
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor,
                   tiles: MoETiles | None = None, sum_choices: bool = True,
@@ -405,8 +391,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         gate_up: [E, 2I, H] (gate rows, then up rows); down: [E, H, I]; all on one CUDA device
         (or CPU under ``TRITON_INTERPRET=1``), weights in x's dtype.
 
-        tiles: the kernels' tile sizes (default: :func:`moe_tiles` of the row count; given
-            tiles also keep a step off the streamed kernels, ``STREAM``).
+        tiles: the kernels' tile sizes (default: :func:`moe_tiles` of the row count).
         num_experts: the experts ``ids`` may name, for the sort by expert (default: E; fewer
             when gate_up / down hold more rows than the routing uses, layers/moe.py).
         routed_rows: the row count that picks the layout (one row a block, or sorted), the
@@ -423,9 +408,6 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     E = num_experts or rows_e
     inter, n = two_i // 2, T * k
     decide = routed_rows or n
-    if _streams(decide, H, inter, tiles):
-        out = streamed_experts(x, ids, weights, gate_up, down, **STREAM_UNITS)
-        return out.view(T, k, H).sum(1) if sum_choices else out
     bm = _block_m(decide)
     rows, block_expert = (one_row_blocks(ids, bm) if decide <= ONE_ROW_BLOCKS
                           else align_by_expert(ids, E, bm))
