@@ -31,13 +31,19 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 4
          768, 1024)
 
 
+# eager forwards before a capture: of the first key, of every later one
+WARM_UPS = (2, 1)
+
+
 def capture_graphs(keys: list, make_static: Callable, forward: Callable) -> dict:
     """One CUDA graph of ``forward(make_static(key))`` per key, largest (last) key first, in one
     shared memory pool: ``{key: (graph, static inputs, static outputs)}``.
 
     First a dry forward of every key compiles their Triton kernels in parallel
-    (kernels/compile_ahead.py); then each key runs twice eagerly (cuBLAS picks its kernels,
-    lazy buffers are made) before its capture."""
+    (kernels/compile_ahead.py); then each key runs eagerly before its capture (cuBLAS picks
+    its kernels for the key's shapes, lazy buffers are made): the first (largest) key twice,
+    the others once (``WARM_UPS``; with two each, the hybrid's 40 graphs took 10.6 s to
+    capture on an H100, BENCHMARKS.md session 35)."""
     statics = {key: make_static(key) for key in reversed(keys)}
     with compiling_ahead() as ahead:
         if ahead:
@@ -46,8 +52,8 @@ def capture_graphs(keys: list, make_static: Callable, forward: Callable) -> dict
     torch.cuda.synchronize()
     pool = torch.cuda.graph_pool_handle()
     out = {}
-    for key, static in statics.items():
-        for _ in range(2):
+    for i, (key, static) in enumerate(statics.items()):
+        for _ in range(WARM_UPS[min(i, 1)]):
             forward(static)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
