@@ -480,5 +480,26 @@ def check_stream_fused_inputs(device: str) -> int:
                                             1e-6).view(1, k))
                 assert _rel(got, want) < (1e-5 if cpu else 1e-2), (n, k, _rel(got, want))
                 done += 1
+        if cpu:   # bfloat16, where its three roundings show: the same bits as the two kernels
+            done += _check_gated_norm_bits()
     return done
+
+
+def _check_gated_norm_bits() -> int:
+    """Under the interpreter (its float32 -> bfloat16 casts rounded as on CUDA): the streamed
+    product taking a Gated DeltaNet's output norm in front, in bfloat16 over heads of 32 in
+    chunks of 64 (several chunks and programs), bit-equal to ``gated_rms_norm`` then the same
+    streamed product; a strided norm weight is taken as its values. Returns 1."""
+    from mtpserve.kernels.fused_triton import gated_rms_norm
+    from mtpserve.kernels.gemv_stream_triton import GatedNormInput, gemv_stream
+
+    g, bf = torch.Generator().manual_seed(11), torch.bfloat16
+    w = (torch.randn(40, 256, generator=g) * 0.05).to(bf)
+    x, z = (torch.randn(1, 256, generator=g).to(bf) for _ in range(2))
+    gw = (torch.rand(64, generator=g) + 0.5).to(bf)[::2]        # strided: 32 values
+    unit = dict(block_n=16, block_k=64, programs=3)
+    got = gemv_stream(GatedNormInput(x, z, gw, 1e-6), w, **unit)
+    normed = gated_rms_norm(x.view(1, 8, 32), z.view(1, 8, 32), gw.contiguous(), 1e-6)
+    assert torch.equal(got, gemv_stream(normed.view(1, 256), w, **unit))
+    return 1
 

@@ -80,8 +80,9 @@ def test_streamed_product_with_fused_inputs_under_triton_interpreter():
     SiLU-and-mul of [gate | up] gives the same bits as silu_and_mul then the product, taking
     a residual add + RMSNorm is within 1e-5 of add_rms_norm then the product with the new
     residual bit-equal, and taking a Gated DeltaNet's output norm within 1e-5 of gated_rms_norm
-    then the product, over [40, 256] and [100, 512] float32 weights: 6 cases."""
-    assert int(run_interpreted(_FUSED_INPUTS, timeout=300)) == 6
+    then the product, over [40, 256] and [100, 512] float32 weights, and in bfloat16 the same
+    bits as gated_rms_norm then the product: 7 cases."""
+    assert int(run_interpreted(_FUSED_INPUTS, timeout=300)) == 7
 
 
 _SWIGLU = """

@@ -294,6 +294,6 @@ def _prologue_operands(x, K: int, block_k: int, silu_input: bool):
             raise ValueError(f"gemv_stream: a GatedNormInput needs x and z [1, {K}] of one "
                              f"dtype with unit stride and heads (D {D}) that divide chunks of "
                              f"{block_k}")
-        return x, gated.z, gated.weight, x, gated.eps, 3, D
+        return x, gated.z, gated.weight.contiguous(), x, gated.eps, 3, D
     x = x.contiguous()
     return x, x, x, x, 0.0, int(silu_input), 1
