@@ -1,6 +1,6 @@
 """Tile sizes of the fused MoE expert kernels (kernels/fused_moe_triton.py) on the GPU.
 
-    python benchmarks/gpu_moe.py [--tokens 1 4 16 64] [--json PATH]
+    python benchmarks/gpu_moe.py [--tokens 1 4 16 64] [--small] [--json PATH]
 
 For the Qwen3-Next-like shape of gpu_decode.py (64 experts, top 8, hidden 2048, expert width
 512, bf16) and each token count: microseconds per ``fused_experts`` call (20 calls captured in a
@@ -24,9 +24,13 @@ E, K, H, I = 64, 8, 2048, 512
 CALLS = 20
 
 
-def sweep():
-    for gn, gk, dn, dk, w in itertools.product((16, 32, 64), (64, 128, 256), (32, 64, 128),
-                                               (64, 128), (2, 4)):
+def sweep(small: bool = False):
+    """The tiles timed: 108, or with ``small`` 24 around moe_tiles' choices (4 warps)."""
+    if small:
+        grid = ((16, 32, 64), (64, 256), (64, 128), (64, 128), (4,))
+    else:
+        grid = ((16, 32, 64), (64, 128, 256), (32, 64, 128), (64, 128), (2, 4))
+    for gn, gk, dn, dk, w in itertools.product(*grid):
         yield MoETiles(gn, gk, dn, dk, w)
 
 
@@ -34,6 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--json")
+    ap.add_argument("--small", action="store_true", help="24 tiles instead of 108")
     a = ap.parse_args()
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -48,7 +53,7 @@ def main() -> None:
         ref = fused_experts(x, ids, w, gate_up, down, MoETiles())
         chosen = moe_tiles(T * K)
         rows = []
-        for t in sweep():
+        for t in sweep(a.small):
             try:
                 out = fused_experts(x, ids, w, gate_up, down, t)
             except triton.runtime.errors.OutOfResources:   # tiles too large for shared memory
