@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from mtpserve.kernels import pdl
+from mtpserve.kernels.gemv_stream_triton import gated_weigh
 from mtpserve.kernels.gemv_triton import SplitKPartials
 from mtpserve.kernels.pdl import pdl_wait
 
@@ -423,9 +424,7 @@ def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, o_ptr, sx, sz_t, sz_h, so, heads
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dt = o_ptr.dtype.element_ty
     normed = (x * _rms_scale(x, n, eps)).to(dt).to(tl.float32)
-    weighted = (w * normed).to(dt).to(tl.float32)
-    y = weighted * (z / (1.0 + tl.exp(-z)))
-    tl.store(o_ptr + row * so + cols, y.to(dt), mask=mask)
+    tl.store(o_ptr + row * so + cols, gated_weigh(normed, w, z, dt).to(dt), mask=mask)
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,

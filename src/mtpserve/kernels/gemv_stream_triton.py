@@ -120,6 +120,16 @@ def _normed_x(x_ptr, r_ptr, nw_ptr, ro_ptr, eps, c, K: tl.constexpr):
 
 
 @triton.jit
+def gated_weigh(normed, w, z, dt: tl.constexpr):
+    """The Gated DeltaNet output norm's tail, float32 in, float32 out: ``normed`` (the RMS-normed
+    x, already rounded to ``dt``) times the weight ``w``, rounded to ``dt``, times ``silu(z)``;
+    the caller rounds the result. Shared by ``fused_triton``'s gated norm kernel and the
+    streamed product's prologue, so that both round alike."""
+    weighted = (w * normed).to(dt).to(tl.float32)
+    return weighted * (z / (1.0 + tl.exp(-z)))
+
+
+@triton.jit
 def _gated_normed_chunk(x_ptr, z_ptr, nw_ptr, eps, chunk, c, BLOCK_K: tl.constexpr,
                         D: tl.constexpr):
     """Chunk ``chunk`` of ``rmsnorm(x) * w * silu(z)`` over heads of D inputs (the Gated
@@ -130,9 +140,9 @@ def _gated_normed_chunk(x_ptr, z_ptr, nw_ptr, eps, chunk, c, BLOCK_K: tl.constex
     x = tl.reshape(tl.load(x_ptr + cols).to(tl.float32), (BLOCK_K // D, D))
     scale = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
     normed = tl.reshape((x * scale[:, None]).to(dt), (BLOCK_K,)).to(tl.float32)
-    weighted = (tl.load(nw_ptr + cols % D).to(tl.float32) * normed).to(dt).to(tl.float32)
-    z = tl.load(z_ptr + cols).to(tl.float32)
-    return (weighted * (z / (1.0 + tl.exp(-z)))).to(dt).to(tl.float32)
+    y = gated_weigh(normed, tl.load(nw_ptr + cols % D).to(tl.float32),
+                    tl.load(z_ptr + cols).to(tl.float32), dt)
+    return y.to(dt).to(tl.float32)
 
 
 @triton.jit
