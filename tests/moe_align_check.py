@@ -148,20 +148,27 @@ def check_graph() -> None:
     _equal(got, new, 512, 64, "graph replay")
 
 
+def _random_experts(E: int, H: int, I: int, g: torch.Generator):
+    """A float32 ``FusedExperts`` of E experts (hidden H, width I), weights N(0, 0.2) from g."""
+    from mtpserve.layers.moe import FusedExperts
+
+    fe = FusedExperts(E, H, I)
+    fe.gate_up_proj.data.normal_(0, 0.2, generator=g)
+    fe.down_proj.data.normal_(0, 0.2, generator=g)
+    return fe
+
+
 def check_fused_experts(device) -> dict:
     """``fused_experts`` over more than ``ONE_ROW_BLOCKS`` rows (so through the sort by expert)
     against the per-expert loop of ``FusedExperts`` on the CPU in float32: relative error within
     1e-5, for E = 64 top 4 and E = 512 top 10 with small expert widths."""
     from mtpserve.kernels.fused_moe_triton import ONE_ROW_BLOCKS, fused_experts
-    from mtpserve.layers.moe import FusedExperts
 
     worst = {}
     for T, k, E in ((20, 4, 64), (9, 10, 512)):
         assert T * k > ONE_ROW_BLOCKS
         g = torch.Generator().manual_seed(E)
-        fe = FusedExperts(E, 32, 16)
-        fe.gate_up_proj.data.normal_(0, 0.2, generator=g)
-        fe.down_proj.data.normal_(0, 0.2, generator=g)
+        fe = _random_experts(E, 32, 16, g)
         x = torch.randn(T, 32, generator=g)
         ids = routed_ids(T, k, E, T)
         w = torch.rand(T, k, generator=g)
@@ -181,12 +188,9 @@ def check_sliced_ids(device) -> dict:
     got the wrong experts) against the per-expert loop of ``FusedExperts`` on the CPU in
     float32: relative error within 1e-5 per column, at 3 tokens of top 5 over 12 experts."""
     from mtpserve.kernels import fused_moe_triton as fm
-    from mtpserve.layers.moe import FusedExperts
 
     g = torch.Generator().manual_seed(3)
-    fe = FusedExperts(12, 64, 32)
-    fe.gate_up_proj.data.normal_(0, 0.2, generator=g)
-    fe.down_proj.data.normal_(0, 0.2, generator=g)
+    fe = _random_experts(12, 64, 32, g)
     wgu, wd = fe.gate_up_proj.to(device), fe.down_proj.to(device)
     x, ids, w = torch.randn(3, 64, generator=g), routed_ids(3, 5, 12, 3), torch.rand(3, 5)
     worst = {}
