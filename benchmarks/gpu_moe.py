@@ -1,6 +1,6 @@
 """Tile sizes of the fused MoE expert kernels (kernels/fused_moe_triton.py) on the GPU.
 
-    python benchmarks/gpu_moe.py [--tokens 1 4 16 64] [--small] [--json PATH]
+    python benchmarks/gpu_moe.py [--tokens 1 4 16 64] [--small] [--stages 2 3 4] [--json PATH]
 
 For the Qwen3-Next-like shape of gpu_decode.py (64 experts, top 8, hidden 2048, expert width
 512, bf16) and each token count: microseconds per ``fused_experts`` call (20 calls captured in a
@@ -24,14 +24,15 @@ E, K, H, I = 64, 8, 2048, 512
 CALLS = 20
 
 
-def sweep(small: bool = False):
-    """The tiles timed: 108, or with ``small`` 24 around moe_tiles' choices (4 warps)."""
+def sweep(small: bool = False, stages=(None,)):
+    """The tiles timed: 108, or with ``small`` 24 around moe_tiles' choices (4 warps), each at
+    every pipeline depth of ``stages`` (None: Triton's default)."""
     if small:
-        grid = ((16, 32, 64), (64, 256), (64, 128), (64, 128), (4,))
+        grid = ((16, 32, 64), (64, 256), (64, 128), (64, 128), (4,), stages)
     else:
-        grid = ((16, 32, 64), (64, 128, 256), (32, 64, 128), (64, 128), (2, 4))
-    for gn, gk, dn, dk, w in itertools.product(*grid):
-        yield MoETiles(gn, gk, dn, dk, w)
+        grid = ((16, 32, 64), (64, 128, 256), (32, 64, 128), (64, 128), (2, 4), stages)
+    for gn, gk, dn, dk, w, st in itertools.product(*grid):
+        yield MoETiles(gn, gk, dn, dk, w, st)
 
 
 def main() -> None:
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--json")
     ap.add_argument("--small", action="store_true", help="24 tiles instead of 108")
+    ap.add_argument("--stages", type=int, nargs="+", default=None,
+                    help="pipeline depths to sweep (default: Triton's)")
     a = ap.parse_args()
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -53,7 +56,7 @@ def main() -> None:
         ref = fused_experts(x, ids, w, gate_up, down, MoETiles())
         chosen = moe_tiles(T * K)
         rows = []
-        for t in sweep(a.small):
+        for t in sweep(a.small, tuple(dict.fromkeys((None, *(a.stages or ()))))):
             try:
                 out = fused_experts(x, ids, w, gate_up, down, t)
             except triton.runtime.errors.OutOfResources:   # tiles too large for shared memory
@@ -62,8 +65,8 @@ def main() -> None:
             us = graph_time(lambda i: fused_experts(x, ids, w, gate_up, down, t), CALLS)
             rows.append((us, t))
         rows.sort(key=lambda r: r[0])
-        base = next(us for us, t in rows if t == MoETiles())
-        ours = next(us for us, t in rows if t == chosen)
+        base = next((us for us, t in rows if t == MoETiles()), float("nan"))
+        ours = next((us for us, t in rows if t == chosen), float("nan"))
         print(f"T={T}: {gb * 1e3:.0f} MB of experts; 64x64 tiles {base:.1f} us "
               f"({gb / base * 1e3:.2f} TB/s); moe_tiles {ours:.1f} us; best:", flush=True)
         for us, t in rows[:5]:

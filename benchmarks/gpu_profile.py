@@ -18,7 +18,8 @@ step's span under PDL: :func:`chain_table`), its ``-gaps.txt`` (where the device
 waiting for the host: :func:`gap_table`) and its ``-phases.txt`` (the unprofiled host's
 milliseconds by engine phase, :func:`host_phases`, and Python's garbage collections,
 :func:`gc_pauses`) and its ``-calls.txt`` (the host's small torch calls by op and
-calling line, benchmarks/host_calls.py).
+calling line, benchmarks/host_calls.py); with ``--chrome-trace`` also ``-trace.json.gz``,
+the timeline of 4 steps (:func:`chrome_trace`).
 ``--forward-trace`` profiles graph-replayed forwards of 1 and 4 tokens of one sequence (no
 draft step; a hybrid shape is built with MTP so that it has the recurrent-state scratch of a
 4-token forward) and writes their chain tables, ``DIR/<shape>-forward-q<Q>-chain.txt``.
@@ -37,6 +38,7 @@ import argparse
 import contextlib
 import cProfile
 import gc
+import gzip
 import io
 import os
 import pstats
@@ -328,8 +330,24 @@ def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]
     return out
 
 
-def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) -> str:
-    """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc)."""
+def chrome_trace(eng, path: str, steps: int = 4) -> None:
+    """Profile ``steps`` more engine steps and write their timeline (host calls, copies, graph
+    launches and kernels, microsecond timestamps) as a gzipped Chrome trace, ``path``."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        raw = f"{d}/trace.json"
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            dst.write(src.read())
+
+
+def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30,
+               timeline: bool = False) -> str:
+    """Profile ``steps`` engine steps of ``n_req`` greedy requests (graphs on; see module doc);
+    with ``timeline`` also write 4 more steps' Chrome trace (:func:`chrome_trace`)."""
     eng, _ = build(shape, False, spec)
     eng.warmup()
     p = SamplingParams(max_tokens=6 * steps + 20, temperature=0.0, ignore_eos=True)
@@ -377,6 +395,8 @@ def step_trace(shape: str, n_req: int, path: str, spec=None, steps: int = 30) ->
         f.write(chain_table(kernels, steps))
     with open(path.replace(".txt", "-gaps.txt"), "w") as f:
         f.write(gap_table(kernels, steps))
+    if timeline:
+        chrome_trace(eng, path.replace(".txt", "-trace.json.gz"))
     host = _phase_ms(eng, steps, path.replace(".txt", "-host.txt"))
     # every figure above is per step of n_req running requests: none may have ended (random
     # weights accept ~no drafts; a model that accepts many would run out of max_tokens)
@@ -458,6 +478,8 @@ def main() -> None:
                     help="profile whole engine steps with B requests (graphs on)")
     ap.add_argument("--forward-trace", action="store_true",
                     help="graph-replayed forwards of 1 and 4 tokens: what each kernel adds")
+    ap.add_argument("--chrome-trace", action="store_true",
+                    help="--step-trace: also a gzipped Chrome trace of 4 steps (-trace.json.gz)")
     ap.add_argument("--token-map-size", type=int, metavar="N",
                     help="--step-trace: hybrid shapes also with MTP drafts through the FR-Spec "
                          "head over ids 0..N-1 (files <shape>-mtp-fr-steps-b<B>*)")
@@ -483,7 +505,8 @@ def main() -> None:
             for shape in a.shapes:
                 for tag, spec in (specs if shape in HYBRID else specs[:1]):
                     path = f"{a.out}/{shape}{tag}-steps-b{a.step_trace}.txt"
-                    print(step_trace(shape, a.step_trace, path, spec), flush=True)
+                    print(step_trace(shape, a.step_trace, path, spec, timeline=a.chrome_trace),
+                          flush=True)
                     torch.cuda.empty_cache()
         return
     if a.spec_host:

@@ -106,14 +106,21 @@ switches_ab() {
     --json "$json" 2>&1 | grep -v "it/s" | grep -E "qwen3-next|Error" | cut -c1-200 | tail -$(($# + 4))
 }
 # The hybrid's step traces (FR-Spec 32k, gpu_profile.py --step-trace) in one archive,
-# $OUT/res.tgz (a run returns at most 8 files):   step_traces SECONDS
+# $OUT/res.tgz (a run returns at most 8 files):   step_traces SECONDS [gpu_profile.py flags...]
 step_traces() {
+  local limit=$1
+  shift
   mkdir -p /tmp/res
-  timeout "$1" python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
+  timeout "$limit" python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res "$@" 2>&1 \
     | grep -v "it/s" | grep -E "qwen3|Error" | cut -c1-170
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s36a)     # session 36, call 1: the GPU tests of the Gated DeltaNet output norm (its tail shared with the gated norm kernel since f23c699, not run on a GPU since); the 4-token and one-token MoE tiles with the pipeline depth swept; the step traces with 4 steps' Chrome timeline (where the MTP step's device idles)
+  timeout 130 python3 -m pytest -q tests/test_gpu.py -k "gated or streamed_products or hybrid or fused_moe" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -8
+  timeout 230 python3 benchmarks/gpu_moe.py --tokens 4 1 --small --stages 2 4 --json "$OUT/moe_tiles.json" 2>&1 | grep -v "it/s" | tail -14
+  step_traces 160 --chrome-trace
+  ;;
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/

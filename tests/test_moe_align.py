@@ -81,3 +81,11 @@ def test_align_kernel_compiles_for_hopper(experts, block_m, rows):
             pytest.skip(str(e))
         raise
     assert meta["num_warps"] == 8
+
+
+def test_moe_tiles_launch_options():
+    """The expert kernels' launch options: the warps always, the pipeline depth only when set
+    (None leaves Triton's default)."""
+    from mtpserve.kernels.fused_moe_triton import MoETiles
+    assert MoETiles().launch() == {"num_warps": 4}
+    assert MoETiles(32, 256, 128, 128, 8, 2).launch() == {"num_warps": 8, "num_stages": 2}

@@ -324,13 +324,23 @@ def _block_m(num_rows: int) -> int:
 
 @dataclass(frozen=True)
 class MoETiles:
-    """Output-column and reduction tile sizes of the two expert kernels, and their warps."""
+    """Output-column and reduction tile sizes of the two expert kernels, their warps, and the
+    software pipeline's depth (``num_stages``: loads in flight per program; None: Triton's
+    default)."""
 
     gate_up_n: int = 64
     gate_up_k: int = 64
     down_n: int = 64
     down_k: int = 64
     num_warps: int = 4
+    num_stages: int | None = None
+
+    def launch(self) -> dict:
+        """The launch options these tiles set (``num_warps``, and ``num_stages`` if given)."""
+        opts = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            opts["num_stages"] = self.num_stages
+        return opts
 
 
 def moe_tiles(num_rows: int) -> MoETiles:
@@ -420,11 +430,10 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     _gate_up_kernel[(nb, triton.cdiv(inter, t.gate_up_n))](
         x, gate_up, rows, block_expert, act, n, k, H, inter,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0), BM=bm,
-        BN=t.gate_up_n, BK=t.gate_up_k, PRECISION=prec, num_warps=t.num_warps,
-        **pdl.launch(x))
+        BN=t.gate_up_n, BK=t.gate_up_k, PRECISION=prec, **t.launch(), **pdl.launch(x))
     out = x.new_empty(n, H)
     _down_kernel[(nb, triton.cdiv(H, t.down_n))](
         act, down, rows, block_expert, weights.contiguous().flatten(), out, n, H, inter,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), BM=bm, BN=t.down_n,
-        BK=t.down_k, PRECISION=prec, num_warps=t.num_warps, **pdl.launch(x))
+        BK=t.down_k, PRECISION=prec, **t.launch(), **pdl.launch(x))
     return out.view(T, k, H).sum(1) if sum_choices else out
