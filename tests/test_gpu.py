@@ -1099,3 +1099,40 @@ def test_a_pooled_read_back_buffer_made_in_inference_mode_serves_outside_it():
         assert first.tolist() == [3 * i for i in range(7)]
     again = HostCopy(x + 1)
     assert again._host.data_ptr() == ptr and again.tolist() == [3 * i + 1 for i in range(7)]
+
+
+def test_fp8_draft_head_kernel_matches_its_reference():
+    """kernels/fp8_head_triton.py on CUDA, bf16 x (tests/fp8_head_check.py): 1 row through the
+    multiply-and-sum, 3 and 16 rows through tl.dot, the default tiles and two others, within
+    1e-5 of the largest logit of the dequantized float32 product."""
+    import sys
+    sys.path.insert(0, "tests")
+    import fp8_head_check
+
+    from mtpserve.kernels import fp8_head_triton as fh
+
+    tiles = (fh.ONE_ROW_TILES, fh.ROWS_TILES, (32, 64, 4, 2))
+    assert len(fp8_head_check.check_kernel("cuda", tiles=tiles, N=1000, K=2048)) == 9
+
+
+def test_mtp_with_the_fp8_draft_head_keeps_greedy_output(tmp_path):
+    """Tiny hybrid on CUDA with captured graphs, greedy drafts through the FP8 draft head
+    (full vocabulary): the CPU's plain greedy tokens (float32), the chain graphs drafting
+    through the head; in bfloat16 the same tokens as the same engine without the FP8 head."""
+    from mtpserve import LLM
+
+    path, prompts, params, kw, cpu = _tiny_mtp_greedy_case(tmp_path)
+    spec = dict(speculative_algorithm="nextn", speculative_num_steps=3,
+                speculative_adaptive=False)
+    llm = LLM(path, device="cuda", dtype="float32", speculative_draft_head_quantization="fp8",
+              **spec, **kw)
+    assert llm.engine.proposer.chain.graphs is not None
+    assert type(llm.engine.proposer.head).__name__ == "Fp8GreedyHead"
+    assert [r.outputs[0].token_ids for r in llm.generate(prompts, params)] == cpu
+    bf16 = {}
+    for quant in (None, "fp8"):
+        llm = LLM(path, device="cuda", dtype="bfloat16", speculative_draft_head_quantization=quant,
+                  **spec, **kw)
+        bf16[quant] = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        assert llm.engine.spec_metrics.num_draft_tokens > 0
+    assert bf16["fp8"] == bf16[None]

@@ -84,7 +84,9 @@ class SpeculativeConfig:
     (spec/policy.py); off, every request drafts k whenever it can (the test proposers never adapt).
     ``token_map``: a ``.pt`` / ``.json`` file of "hot" token ids that the MTP draft's LM head is
     restricted to (FR-Spec, spec/draft_head.py); read and checked at engine start
-    (spec/token_map.py). None: the full vocabulary.
+    (spec/token_map.py). None: the full vocabulary. ``draft_head_quantization``: "fp8" takes
+    greedy MTP drafts through an FP8 copy of that head (spec/draft_head.py ``Fp8GreedyHead``);
+    None: the head's own dtype.
     """
 
     algorithm: str
@@ -95,6 +97,7 @@ class SpeculativeConfig:
     draft_model_path: str | None = None
     adaptive: bool = True
     token_map: str | None = None
+    draft_head_quantization: str | None = None
 
     ALGORITHMS = ("ngram", "draft", "nextn", "mtp", "forced_accept", "forced_reject")
 
@@ -120,6 +123,13 @@ class SpeculativeConfig:
             raise ValueError(f"--speculative-token-map restricts the LM head of MTP drafts: it "
                              f"needs --speculative-algorithm nextn or mtp, got "
                              f"{self.algorithm!r}{why}")
+        if self.draft_head_quantization not in (None, "fp8"):
+            raise ValueError(f"--speculative-draft-head-quantization must be fp8, got "
+                             f"{self.draft_head_quantization!r}")
+        if self.draft_head_quantization and self.algorithm not in ("nextn", "mtp"):
+            raise ValueError(f"--speculative-draft-head-quantization quantizes the LM head of MTP "
+                             f"drafts: it needs --speculative-algorithm nextn or mtp, got "
+                             f"{self.algorithm!r}")
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="nextn/mtp: restrict the draft LM head to these token ids (FR-Spec): a "
                         ".pt file of a 1-D integer tensor or a .json list of ints; lossless, "
                         "verification uses the full LM head")
+    g.add_argument("--speculative-draft-head-quantization", choices=("fp8",),
+                   help="nextn/mtp: greedy drafts through an FP8 (E4M3, a scale per row) copy "
+                        "of the draft LM head, half its bytes a draft step (CUDA compute "
+                        "capability 8.9+); lossless, verification uses the full LM head")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
@@ -67,12 +71,16 @@ def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
     if a.speculative_token_map and not a.speculative_algorithm:
         raise ValueError("--speculative-token-map needs --speculative-algorithm nextn (or mtp): "
                          "the map restricts the MTP drafts' LM head")
+    if a.speculative_draft_head_quantization and not a.speculative_algorithm:
+        raise ValueError("--speculative-draft-head-quantization needs --speculative-algorithm "
+                         "nextn (or mtp): it quantizes the MTP drafts' LM head")
     if a.speculative_algorithm:
         spec = SpeculativeConfig(
             algorithm=a.speculative_algorithm, num_steps=a.speculative_num_steps,
             num_draft_tokens=a.speculative_num_draft_tokens, ngram_min=a.speculative_ngram_min,
             ngram_max=a.speculative_ngram_max, draft_model_path=a.speculative_draft_model_path,
-            adaptive=a.speculative_adaptive, token_map=a.speculative_token_map)
+            adaptive=a.speculative_adaptive, token_map=a.speculative_token_map,
+            draft_head_quantization=a.speculative_draft_head_quantization)
     kv = None if a.kv_cache_memory is None else int(a.kv_cache_memory * 2**30)
     return EngineConfig(
         model=a.model or a.model_pos, tokenizer=a.tokenizer,

@@ -61,7 +61,8 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
         self.runner = ModelRunner(config, mc, files, self.max_model_len, reserve_bytes=(
-            draft_head_bytes(self.token_map, mc.hidden_size, config.torch_dtype())))
+            draft_head_bytes(self.token_map, mc.hidden_size, config.torch_dtype(), mc.vocab_size,
+                             config.speculative and config.speculative.draft_head_quantization)))
         self._check_kv_capacity()
         state = self.runner.state_cache
         prefix_caching = config.enable_prefix_caching and state is None

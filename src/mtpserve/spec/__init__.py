@@ -132,25 +132,42 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
 
 def _draft_head(spec: SpeculativeConfig, engine):
     """The MTP drafts' LM head: the FR-Spec head over the engine's token map (read from
-    ``spec.token_map`` at engine start), else the target's."""
+    ``spec.token_map`` at engine start), else the target's; behind an FP8 copy for greedy
+    drafts with ``spec.draft_head_quantization`` "fp8".
+
+    Raises:
+        ValueError: FP8 on a CUDA device older than compute capability 8.9 (no FP8 E4M3
+            conversions there).
+    """
+    import torch
+
     from mtpserve.spec.draft_head import build_draft_head
 
-    ids = engine.token_map
-    head = build_draft_head(engine.runner.model, ids)
+    ids, quant, dev = engine.token_map, spec.draft_head_quantization, engine.device
+    if quant and dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 9):
+        raise ValueError("--speculative-draft-head-quantization fp8 needs a GPU of compute "
+                         "capability 8.9 or newer (Ada, Hopper)")
+    head = build_draft_head(engine.runner.model, ids, quant)
     if ids is not None:
         logger.info("FR-Spec draft head: %d of %d tokens from %s (+%.1f MiB)", ids.numel(),
                     engine.model_config.vocab_size, spec.token_map,
-                    head.weight.numel() * head.weight.element_size() / 2**20)
+                    ids.numel() * engine.model_config.hidden_size
+                    * engine.runner.dtype.itemsize / 2**20)
+    if quant:
+        logger.info("FP8 draft head for greedy drafts (+%.1f MiB)", head.nbytes() / 2**20)
     return head
 
 
-def draft_head_bytes(token_ids, hidden_size: int, dtype) -> int:
-    """Bytes the FR-Spec draft head (spec/draft_head.py) will take once the proposer is built,
-    after the KV cache is sized: rows of the token map ``token_ids`` [V_sub] x ``hidden_size``
-    x ``dtype``'s bytes; 0 without a token map (None)."""
-    if token_ids is None:
-        return 0
-    return token_ids.numel() * hidden_size * dtype.itemsize
+def draft_head_bytes(token_ids, hidden_size: int, dtype, vocab_size: int = 0,
+                     quantization: str | None = None) -> int:
+    """Bytes the draft head (spec/draft_head.py) will take once the proposer is built, after
+    the KV cache is sized: rows of the token map ``token_ids`` [V_sub] x ``hidden_size`` x
+    ``dtype``'s bytes (0 without a token map, None), plus with ``quantization`` "fp8" its FP8
+    copy: one byte a weight and a float32 scale a row, over the map's rows or all
+    ``vocab_size``."""
+    rows = vocab_size if token_ids is None else token_ids.numel()
+    own = 0 if token_ids is None else rows * hidden_size * dtype.itemsize
+    return own + (rows * (hidden_size + 4) if quantization == "fp8" else 0)
 
 
 def target_kv_share(spec: SpeculativeConfig | None, num_attention_layers: int) -> float:

@@ -1,0 +1,52 @@
+"""Checks of the FP8 draft head's product (kernels/fp8_head_triton.py), shared by the CPU tests
+(under Triton's interpreter, tests/test_fp8_draft_head.py) and the GPU tests (tests/test_gpu.py):
+the kernel against its PyTorch reference for one row and for several, float32 and bf16 x."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_kernel(device: str, tiles=((32, 64, 4, 2), (64, 128, 4, 3)), N: int = 300,
+                 K: int = 256) -> dict:
+    """``fp8_logits`` against ``fp8_logits_torch`` on ``device`` for 1, 3 and 16 rows of x in
+    float32 (CPU) or bf16, with each of ``tiles``: {case: largest error / largest logit}."""
+    from mtpserve.kernels.fp8_head_triton import fp8_logits, fp8_logits_torch, quantize_rows
+
+    g = torch.Generator().manual_seed(0)
+    w8, scale = quantize_rows((torch.randn(N, K, generator=g) * 0.02).to(device))
+    worst = {}
+    dtypes = (torch.float32, torch.bfloat16) if device == "cpu" else (torch.bfloat16,)
+    for dtype in dtypes:
+        for rows in (1, 3, 16):
+            x = torch.randn(rows, K, generator=g).to(device, dtype)
+            want = fp8_logits_torch(x, w8, scale)
+            for t in tiles:
+                got = fp8_logits(x, w8, scale, tiles=t)
+                assert got.shape == (rows, N) and got.dtype == torch.float32
+                err = ((got - want).abs().max() / want.abs().max()).item()
+                worst[f"{dtype} rows={rows} tiles={t}"] = err
+                assert err < 1e-5, (dtype, rows, t, err)
+    return worst
+
+
+def compile_for_hopper(rows: int, tiles) -> dict:
+    """Compile the FP8 product's kernel for sm_90 (H100 / H200) as ``fp8_logits`` launches it
+    with bf16 x, PDL on, without a GPU: {"shared": bytes, "num_warps": warps}."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mtpserve.kernels import fp8_head_triton as fh
+
+    block_n, block_k, warps, stages = tiles
+    sig = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*fp32",
+           "M": "i32", "N": "i32", "sx": "i32", "sw": "i32", "sy": "i32"}
+    consts = dict(K=2048, ROWS=1 if rows == 1 else 16, BLOCK_N=block_n, BLOCK_K=block_k,
+                  STAGES=stages, WIDE=False, PDL=True)
+    sig.update({k: "constexpr" for k in consts})
+    kernel = triton.compile(ASTSource(fh._fp8_logits_kernel, sig, consts),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": warps, "launch_pdl": True,
+                                     "enable_fp_fusion": True})
+    return {"shared": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps}
