@@ -331,9 +331,12 @@ def step_trace_specs(map_size: int | None, tmp: Path) -> list[tuple[str, object]
 
 
 def chrome_trace(eng, path: str, steps: int = 4) -> None:
-    """Profile ``steps`` more engine steps and write their timeline (host calls, copies, graph
-    launches and kernels, microsecond timestamps) as a gzipped Chrome trace, ``path``."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    """Profile ``steps`` more engine steps and write their timeline (Python functions, host
+    calls, copies, graph launches and kernels, microsecond timestamps) as a gzipped Chrome
+    trace, ``path``. The Python tracer slows the host several times over: read the order of
+    things, not the host's durations."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 with_stack=True) as prof:
         for _ in range(steps):
             eng.step()
         torch.cuda.synchronize()

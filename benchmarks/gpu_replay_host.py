@@ -11,7 +11,8 @@ For every captured graph of one row (the target's by (B, Q), the MTP's observe b
 the chain by (rows, steps)) it replays the graph ``--repeats`` times, each after a
 synchronize, and prints the median host microseconds until ``replay()`` returned and the median device
 microseconds of a replay. ``--token-map-size N``: the draft chain through FR-Spec's head over
-ids 0..N-1. ``--trace DIR``: each graph's kernels by what they add to its replay
+ids 0..N-1; ``--draft-head-fp8``: through its FP8 copy. ``--trace DIR``: each graph's
+kernels by what they add to its replay
 (``DIR/<graph>-chain.txt``, gpu_profile.py's chain table). Needs CUDA.
 """
 
@@ -100,14 +101,18 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-next-3b")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--token-map-size", type=int, metavar="N")
+    ap.add_argument("--draft-head-fp8", action="store_true",
+                    help="the draft chain through the FP8 draft head "
+                         "(--speculative-draft-head-quantization fp8)")
     ap.add_argument("--json")
     ap.add_argument("--trace", metavar="DIR",
                     help="also write each graph's kernels by what they add to a replay "
                          "(DIR/<graph>-chain.txt)")
     a = ap.parse_args()
     token_map = first_ids_map(a.token_map_size, tempfile.mkdtemp()) if a.token_map_size else None
-    eng, _ = build(a.shape, False, SpeculativeConfig(algorithm="nextn", num_steps=3,
-                                                     adaptive=False, token_map=token_map))
+    eng, _ = build(a.shape, False, SpeculativeConfig(
+        algorithm="nextn", num_steps=3, adaptive=False, token_map=token_map,
+        draft_head_quantization="fp8" if a.draft_head_fp8 else None))
     small = torch.zeros(64, dtype=torch.int64, device="cuda")
     src = torch.ones_like(small)
     rows = {"copy_ of 64 int64": [host_us(lambda: small.copy_(src), a.repeats), None]}

@@ -8,25 +8,27 @@ import torch
 
 
 def check_kernel(device: str, tiles=((32, 64, 4, 2), (64, 128, 4, 3)), N: int = 300,
-                 K: int = 256) -> dict:
+                 Ks=(256, 80)) -> dict:
     """``fp8_logits`` against ``fp8_logits_torch`` on ``device`` for 1, 3 and 16 rows of x in
-    float32 (CPU) or bf16, with each of ``tiles``: {case: largest error / largest logit}."""
+    float32 (CPU) or bf16, with each of ``tiles``, for each reduction length of ``Ks`` (80: not
+    a power of two, inputs past it masked): {case: largest error / largest logit}."""
     from mtpserve.kernels.fp8_head_triton import fp8_logits, fp8_logits_torch, quantize_rows
 
     g = torch.Generator().manual_seed(0)
-    w8, scale = quantize_rows((torch.randn(N, K, generator=g) * 0.02).to(device))
     worst = {}
     dtypes = (torch.float32, torch.bfloat16) if device == "cpu" else (torch.bfloat16,)
-    for dtype in dtypes:
-        for rows in (1, 3, 16):
-            x = torch.randn(rows, K, generator=g).to(device, dtype)
-            want = fp8_logits_torch(x, w8, scale)
-            for t in tiles:
-                got = fp8_logits(x, w8, scale, tiles=t)
-                assert got.shape == (rows, N) and got.dtype == torch.float32
-                err = ((got - want).abs().max() / want.abs().max()).item()
-                worst[f"{dtype} rows={rows} tiles={t}"] = err
-                assert err < 1e-5, (dtype, rows, t, err)
+    for K in Ks:
+        w8, scale = quantize_rows((torch.randn(N, K, generator=g) * 0.02).to(device))
+        for dtype in dtypes:
+            for rows in (1, 3, 16):
+                x = torch.randn(rows, K, generator=g).to(device, dtype)
+                want = fp8_logits_torch(x, w8, scale)
+                for t in tiles:
+                    got = fp8_logits(x, w8, scale, tiles=t)
+                    assert got.shape == (rows, N) and got.dtype == torch.float32
+                    err = ((got - want).abs().max() / want.abs().max()).item()
+                    worst[f"K={K} {dtype} rows={rows} tiles={t}"] = err
+                    assert err < 1e-5, (K, dtype, rows, t, err)
     return worst
 
 

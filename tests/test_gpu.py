@@ -1103,8 +1103,9 @@ def test_a_pooled_read_back_buffer_made_in_inference_mode_serves_outside_it():
 
 def test_fp8_draft_head_kernel_matches_its_reference():
     """kernels/fp8_head_triton.py on CUDA, bf16 x (tests/fp8_head_check.py): 1 row through the
-    multiply-and-sum, 3 and 16 rows through tl.dot, the default tiles and two others, within
-    1e-5 of the largest logit of the dequantized float32 product."""
+    multiply-and-sum, 3 and 16 rows through tl.dot, the default tiles and two others, reductions
+    of 2048 and 80 inputs, within 1e-5 of the largest logit of the dequantized float32
+    product."""
     import sys
     sys.path.insert(0, "tests")
     import fp8_head_check
@@ -1112,7 +1113,7 @@ def test_fp8_draft_head_kernel_matches_its_reference():
     from mtpserve.kernels import fp8_head_triton as fh
 
     tiles = (fh.ONE_ROW_TILES, fh.ROWS_TILES, (32, 64, 4, 2))
-    assert len(fp8_head_check.check_kernel("cuda", tiles=tiles, N=1000, K=2048)) == 9
+    assert len(fp8_head_check.check_kernel("cuda", tiles=tiles, N=1000, Ks=(2048, 80))) == 18
 
 
 def test_mtp_with_the_fp8_draft_head_keeps_greedy_output(tmp_path):

@@ -32,9 +32,11 @@ from mtpserve.kernels.pdl import pdl_wait
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0            # largest finite E4M3 value
 MAX_ROWS = 16              # rows of x one launch takes (the dot path pads to 16)
-# (BLOCK_N, BLOCK_K, warps, stages) for one row and for several; from benchmarks/gpu_fp8_head.py
-ONE_ROW_TILES = (32, 512, 4, 3)
-ROWS_TILES = (64, 128, 4, 4)
+# (BLOCK_N, BLOCK_K, warps, stages) for one row and for several, from benchmarks/gpu_fp8_head.py
+# on an H100 (BENCHMARKS.md, session 36): one row of the 151936 x 2048 head 102.6 us (bf16 head
+# 199.1), of a 32768-row FR-Spec head 24.6 (44.6); four rows 109.2 (202.5) and 28.3 (50.0)
+ONE_ROW_TILES = (16, 512, 4, 2)
+ROWS_TILES = (64, 256, 8, 3)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,8 +79,10 @@ def _fp8_logits_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, sx, sw, sy, K: tl.const
     if ROWS == 1:
         acc = tl.zeros([BLOCK_N], tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            w = tl.load(w_rows + (k0 + c)[None, :], mask=live[:, None], other=0.0)
-            x = tl.load(x_ptr + k0 + c).to(tl.float32)
+            cols = k0 + c
+            w = tl.load(w_rows + cols[None, :], mask=live[:, None] & (cols < K)[None, :],
+                        other=0.0)
+            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         s = tl.load(s_ptr + n, mask=live, other=0.0)
         tl.store(y_ptr + n, acc * s, mask=live)
@@ -86,9 +90,11 @@ def _fp8_logits_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, sx, sw, sy, K: tl.const
         m = tl.arange(0, ROWS)
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            x = tl.load(x_ptr + m[:, None] * sx + (k0 + c)[None, :], mask=(m < M)[:, None],
+            cols = k0 + c
+            x = tl.load(x_ptr + m[:, None] * sx + cols[None, :],
+                        mask=(m < M)[:, None] & (cols < K)[None, :], other=0.0)
+            w = tl.load(w_rows + cols[None, :], mask=live[:, None] & (cols < K)[None, :],
                         other=0.0)
-            w = tl.load(w_rows + (k0 + c)[None, :], mask=live[:, None], other=0.0)
             if WIDE:   # the interpreter: float32 products (its fp8 -> bf16 widening is wrong)
                 acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
                              input_precision="ieee")
@@ -104,12 +110,12 @@ def fp8_logits(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor,
     """``x`` [M, K] (16-bit, or float32 under the interpreter) times the FP8 weight ``w8`` [N,
     K] float8_e4m3fn (rows contiguous) with its row scales ``scale`` [N] float32 (from
     :func:`quantize_rows`) -> float32 logits [M, N] (module doc). ``tiles``: (BLOCK_N, BLOCK_K,
-    warps, stages), BLOCK_K a power of two dividing K (default ``ONE_ROW_TILES`` for one row,
-    ``ROWS_TILES`` for more). On CUDA or under ``TRITON_INTERPRET=1``: one Triton launch,
+    warps, stages), powers of two (default ``ONE_ROW_TILES`` for one row, ``ROWS_TILES`` for
+    more; BLOCK_K at most K's next power of two, inputs past K masked). On CUDA or under ``TRITON_INTERPRET=1``: one Triton launch,
     CUDA-graph capturable; elsewhere :func:`fp8_logits_torch`.
 
-    Raises ``ValueError`` for mismatched shapes or dtypes, more than ``MAX_ROWS`` rows, a weight
-    not contiguous along K, or a BLOCK_K that does not divide K."""
+    Raises ``ValueError`` for mismatched shapes or dtypes, more than ``MAX_ROWS`` rows, or a
+    weight not contiguous along K."""
     M, K = x.shape if x.dim() == 2 else (0, -1)
     if (x.dim() != 2 or w8.dim() != 2 or w8.shape[1] != K or w8.dtype != FP8
             or scale.shape != (w8.shape[0],) or scale.dtype != torch.float32):
@@ -123,8 +129,7 @@ def fp8_logits(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor,
         return fp8_logits_torch(x, w8, scale)
     N = w8.shape[0]
     block_n, block_k, warps, stages = tiles or (ONE_ROW_TILES if M == 1 else ROWS_TILES)
-    if K % block_k:
-        raise ValueError(f"fp8_logits: BLOCK_K {block_k} does not divide K = {K}")
+    block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     x = x.contiguous()
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     if M:
