@@ -116,7 +116,7 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
-s36d)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the FP8 draft head's GPU tests (its kernel masks a reduction shorter than a tile now); each graph's device time per replay, the chain through the bf16 and the FP8 draft head (full head, FR-Spec 32k); the step traces with 4 steps' Chrome timeline and Python stacks
+s36d)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the FP8 draft head's GPU tests (its kernel masks a reduction shorter than a tile now); each graph's device time per replay, the chain through the bf16 and the FP8 draft head (full head, FR-Spec 32k)
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   timeout 100 python3 -m pytest -q tests/test_gpu.py -k fp8 2>&1 | tee "$OUT/gpu_tests_fp8.log" | grep -v "^\s*$" | tail -4
   for map in "" "--token-map-size 32768"; do
@@ -125,7 +125,6 @@ s36d)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-aa): the real 
       timeout 45 python3 benchmarks/gpu_replay_host.py $map $fp8 2>&1 | grep -v "it/s" | grep -E "chain|observe|target \(1, [14]\)|Error" | tail -6
     done
   done
-  step_traces 150 --chrome-trace
   ;;
 s36b)     # session 36, call 2 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the FP8 draft head's GPU tests, its product swept against the bf16 head, then the hybrid MTP step with and without it (full head and FR-Spec 32k) at the sweep's best one-row and 16-row tiles
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
