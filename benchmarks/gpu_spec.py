@@ -5,6 +5,9 @@ The code-edit and chat prompt sets, greedy, up to ``--max-tokens`` tokens: at co
 Per-request tok/s = a request's tokens / its own wall time (at c=64: the batch's wall time);
 total tok/s = all tokens / wall time. Outputs are compared with the non-speculative ones.
 
+After each row, the n-gram engine's load gate (spec/load_gate.py): its tokens/s figures of
+drafting and plain steps per batch-size bucket, as they stand after the measured rounds.
+
 Each (set, concurrency) first runs the whole load once per engine unmeasured (GPU clocks ramp up,
 Triton and cuBLAS settle), then ``--repeats`` measured rounds alternating off and on, so a drift
 of the machine hits both; the table gives medians and the speedup's range over the rounds.
@@ -52,6 +55,19 @@ def run(llm, prompts, conc, max_tokens):
             "ids": [o.token_ids for o in outs]}
 
 
+def gate_figures(llm) -> dict:
+    """The load gate's figures (spec/load_gate.py) of ``llm``'s proposer, per batch-size
+    bucket: tokens/s of drafting and plain steps, steps recorded of each, steps seen; {} without
+    a gate."""
+    gate = getattr(getattr(llm.engine.proposer, "policy", None), "gate", None)
+    if gate is None:
+        return {}
+    return {f"<= {2 ** k}": {"draft_tok_s": b.rate.get(True), "plain_tok_s": b.rate.get(False),
+                             "draft_steps": b.count.get(True, 0),
+                             "plain_steps": b.count.get(False, 0), "steps": b.steps}
+            for k, b in sorted(gate._buckets.items())}
+
+
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
@@ -72,6 +88,7 @@ def compare(engines, prompts, conc, max_tokens, repeats):
         mid["speedups"] = [r[label]["per_request_tok_s"] / r["off"]["per_request_tok_s"]
                            for r in rounds]
         mid.pop("ids")
+        mid["gate"] = gate_figures(engines[label])
         out[label] = mid
     return out
 
@@ -104,6 +121,10 @@ def main() -> None:
                       f"{f'{min(sp):.2f}-{max(sp):.2f}':>12}"
                       f"{'' if al is None else f'{al:.2f}':>8}  {r['same_as_off']}")
                 results[f"{name}/c{conc}/{label}"] = r
+                for bucket, g in r["gate"].items():
+                    print(f"    gate {bucket:>6}: draft {g['draft_tok_s'] or 0:8.0f} tok/s "
+                          f"({g['draft_steps']} steps), plain {g['plain_tok_s'] or 0:8.0f} "
+                          f"tok/s ({g['plain_steps']}), {g['steps']} steps")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
