@@ -110,9 +110,13 @@ def mtp_step(shape: str, eager: bool, plain_step: float, k: int = 3,
     verifies 1 + k) against the plain decode step; random weights accept ~nothing, so this is
     the cost side of speculation. ``token_map``: drafts through the FR-Spec head over its ids;
     ``temperature`` > 0: sampling requests, drafting the MTP's argmax or with
-    ``sampled_drafts`` drawing them step by step. Keys of the result start with ``label``."""
-    spec = SpeculativeConfig(algorithm="nextn", num_steps=k, adaptive=False, token_map=token_map)
+    ``sampled_drafts`` drawing them step by step; ``quantization`` "fp8": greedy drafts through
+    the FP8 draft head (spec/draft_head.py). Keys of the result start with ``label``."""
+    spec = SpeculativeConfig(algorithm="nextn", num_steps=k, adaptive=False, token_map=token_map,
+                             draft_head_quantization=quantization)
     eng, ready = build(shape, eager, spec)
+    if quantization and type(eng.proposer.head).__name__ != "Fp8GreedyHead":
+        raise RuntimeError(f"{label}: the engine drafts through {type(eng.proposer.head)}")
     eng.proposer.sampled_drafts = sampled_drafts
     eng.warmup()
     step, _ = decode_run(eng, 1, 128, temperature)

@@ -11,7 +11,8 @@ def check_kernel(device: str, tiles=((32, 64, 4, 2), (64, 128, 4, 3)), N: int = 
                  Ks=(256, 80)) -> dict:
     """``fp8_logits`` against ``fp8_logits_torch`` on ``device`` for 1, 3 and 16 rows of x in
     float32 (CPU) or bf16, with each of ``tiles``, for each reduction length of ``Ks`` (80: not
-    a power of two, inputs past it masked): {case: largest error / largest logit}."""
+    a power of two, inputs past it masked; the weight a view of rows whose columns past K hold
+    NaN): {case: largest error / largest logit}."""
     from mtpserve.kernels.fp8_head_triton import fp8_logits, fp8_logits_torch, quantize_rows
 
     g = torch.Generator().manual_seed(0)
@@ -19,6 +20,10 @@ def check_kernel(device: str, tiles=((32, 64, 4, 2), (64, 128, 4, 3)), N: int = 
     dtypes = (torch.float32, torch.bfloat16) if device == "cpu" else (torch.bfloat16,)
     for K in Ks:
         w8, scale = quantize_rows((torch.randn(N, K, generator=g) * 0.02).to(device))
+        # rows of a wider buffer whose columns past K hold NaN: an unmasked load past K shows
+        wide = torch.full((N, K + 16), float("nan"), device=device).to(w8.dtype)
+        wide[:, :K] = w8
+        w8 = wide[:, :K]
         for dtype in dtypes:
             for rows in (1, 3, 16):
                 x = torch.randn(rows, K, generator=g).to(device, dtype)
@@ -52,3 +57,33 @@ def compile_for_hopper(rows: int, tiles) -> dict:
                             options={"num_warps": warps, "launch_pdl": True,
                                      "enable_fp_fusion": True})
     return {"shared": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps}
+
+
+def check_head() -> dict:
+    """``Fp8GreedyHead`` through the kernel and ``row_argmax`` (CPU, under the interpreter): its
+    greedy ids for 1 and 5 rows over a full 200-token head and over a 12-token FR-Spec subset
+    (ids mapped back through the subset), against the argmax of the PyTorch reference's logits.
+    Returns {case: ids}."""
+    from mtpserve.kernels.fp8_head_triton import fp8_logits_torch
+    from mtpserve.layers.embedding import ParallelLMHead
+    from mtpserve.spec.draft_head import FullVocabHead, ReducedVocabHead, Fp8GreedyHead
+
+    lm = ParallelLMHead(200, 32)
+    lm.weight.data.copy_(torch.randn(200, 32, generator=torch.Generator().manual_seed(0)))
+    subset = [150, 3, 77, 31, 199, 0, 64, 12, 101, 5, 188, 40]
+
+    class Target:
+        lm_head = lm
+
+    out = {}
+    for name, base in (("full", FullVocabHead(Target())),
+                       ("fr-spec", ReducedVocabHead(lm, torch.tensor(subset)))):
+        head = Fp8GreedyHead(base)
+        for rows in (1, 5):
+            hidden = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+            got = head.greedy(hidden).tolist()
+            best = fp8_logits_torch(hidden, head.w8, head.scale).argmax(-1)
+            want = (best if name == "full" else torch.tensor(sorted(subset))[best]).tolist()
+            assert got == want, (name, rows, got, want)
+            out[f"{name} rows={rows}"] = got
+    return out

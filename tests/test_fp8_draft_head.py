@@ -23,6 +23,7 @@ from trained_hybrid import held_out_prompts, trained_hybrid_dir  # noqa: E402
 
 from mtpserve import LLM, SamplingParams  # noqa: E402
 from mtpserve.config import SpeculativeConfig  # noqa: E402
+from mtpserve.kernels.dispatch import INTERPRET  # noqa: E402
 from mtpserve.kernels.fp8_head_triton import (FP8, FP8_MAX, MAX_ROWS, fp8_logits,  # noqa: E402
                                               fp8_logits_torch, quantize_rows)
 from mtpserve.layers.embedding import ParallelLMHead  # noqa: E402
@@ -65,7 +66,8 @@ def test_the_reference_product_is_the_dequantized_weight_in_float32():
     x = torch.randn(2, 64, generator=g)
     want = x.double() @ (w8.double() * scale.double()[:, None]).t()
     assert torch.allclose(fp8_logits_torch(x, w8, scale).double(), want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(fp8_logits(x, w8, scale), fp8_logits_torch(x, w8, scale))   # no Triton
+    if not INTERPRET:   # off CUDA and the interpreter: the reference itself
+        assert torch.equal(fp8_logits(x, w8, scale), fp8_logits_torch(x, w8, scale))
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -88,18 +90,24 @@ from triton.runtime.interpreter import InterpretedFunction
 from mtpserve.kernels import fp8_head_triton
 import fp8_head_check
 assert isinstance(fp8_head_triton._fp8_logits_kernel, InterpretedFunction)
-print("RESULT " + json.dumps(fp8_head_check.check_kernel("cpu")))
+print("RESULT " + json.dumps({"kernel": fp8_head_check.check_kernel("cpu"),
+                              "head": fp8_head_check.check_head()}))
 """
 
 
 def test_the_kernel_under_triton_interpreter_matches_the_reference():
     """One row (multiply-and-sum) and 3 / 16 rows (tl.dot), float32 and bf16 x, two tile
-    shapes, reductions of 256 and 80 inputs (the tile's inputs past 80 masked): within 1e-5 of
-    the largest logit of the PyTorch reference."""
+    shapes, reductions of 256 and 80 inputs (the tile's inputs past 80 masked, the weight's
+    columns past K NaN): within 1e-5 of the largest logit of the PyTorch reference; and the
+    FP8 head's greedy ids through the kernel and the argmax kernel (tests/fp8_head_check.py)."""
     import json
 
     res = json.loads(run_interpreted(_INTERPRETED, timeout=300))
-    assert len(res) == 24 and all(e < 1e-5 for e in res.values())
+    assert len(res["kernel"]) == 24 and all(e < 1e-5 for e in res["kernel"].values())
+    # the head through the kernel and the argmax kernel: ids of the reference's argmax, the
+    # subset's mapped back into the vocabulary
+    assert len(res["head"]) == 4 and len(res["head"]["fr-spec rows=5"]) == 5
+    assert set(res["head"]["fr-spec rows=5"]) <= set(SUBSET)
 
 
 @pytest.mark.parametrize("rows", [1, 4])
@@ -189,19 +197,22 @@ def token_ids(llm: LLM, ps, params=GREEDY) -> list[list[int]]:
 
 @pytest.mark.usefixtures("one_thread_module")
 @pytest.mark.parametrize("with_map", [False, True], ids=["full", "fr-spec"])
-def test_greedy_output_equals_plain_decoding_and_the_copy_is_reserved(ckpt, with_map):
+def test_greedy_output_equals_plain_decoding_and_the_copy_is_reserved(ckpt, with_map,
+                                                                      monkeypatch):
     """Lossless: the same tokens as without speculation. The runner keeps the FP8 copy's bytes
     (a byte a weight, a float32 scale a row; with the map also its own float32 rows) out of the
-    KV budget, and the chain drafts through the FP8 head."""
+    KV budget, and the chain's drafts go through the FP8 product."""
+    import mtpserve.spec.draft_head as draft_head
+
     path, hot = ckpt
     plain = token_ids(LLM(str(path), **KW), prompts())
     llm = LLM(str(path), speculative_algorithm="nextn", speculative_num_steps=K,
               speculative_adaptive=False, speculative_draft_head_quantization="fp8",
               speculative_token_map=hot if with_map else None, **KW)
     eng = llm.engine
-    calls = []
-    greedy = eng.proposer.head.greedy
-    eng.proposer.head.greedy = lambda h: calls.append(h.shape[0]) or greedy(h)
+    calls, product = [], draft_head.fp8_logits
+    monkeypatch.setattr(draft_head, "fp8_logits",
+                        lambda x, *a, **kw: calls.append(x.shape[0]) or product(x, *a, **kw))
     assert token_ids(llm, prompts()) == plain
     hidden = eng.model_config.hidden_size
     rows = 100 if with_map else 256
@@ -254,3 +265,27 @@ def test_the_flag_needs_an_mtp_proposer():
     cfg = engine_config_from_args(p.parse_args(["--speculative-algorithm", "nextn",
                                                 "--speculative-draft-head-quantization", "fp8"]))
     assert cfg.speculative.draft_head_quantization == "fp8"
+
+
+@pytest.mark.parametrize("capability, refused", [((8, 6), True), ((8, 9), False),
+                                                 ((9, 0), False)])
+def test_fp8_needs_compute_capability_8_9_on_cuda(capability, refused, monkeypatch):
+    """The E4M3 conversions exist from Ada (8.9) on: an older GPU is refused at start, with the
+    flag named; a newer one gets the FP8 head (the head built here on the CPU weights)."""
+    from types import SimpleNamespace
+
+    from mtpserve.spec import _draft_head
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    lm = lm_head()
+    engine = SimpleNamespace(token_map=None, device=torch.device("cuda", 0),
+                             runner=SimpleNamespace(model=target_of(lm)),
+                             model_config=SimpleNamespace(vocab_size=V, hidden_size=H))
+    spec = SpeculativeConfig(algorithm="nextn", draft_head_quantization="fp8")
+    if refused:
+        with pytest.raises(ValueError) as e:
+            _draft_head(spec, engine)
+        assert "--speculative-draft-head-quantization fp8 needs a GPU of compute capability " \
+               "8.9" in str(e.value)
+    else:
+        assert isinstance(_draft_head(spec, engine), Fp8GreedyHead)

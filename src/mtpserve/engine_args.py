@@ -59,8 +59,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "verification uses the full LM head")
     g.add_argument("--speculative-draft-head-quantization", choices=("fp8",),
                    help="nextn/mtp: greedy drafts through an FP8 (E4M3, a scale per row) copy "
-                        "of the draft LM head, half its bytes a draft step (CUDA compute "
-                        "capability 8.9+); lossless, verification uses the full LM head")
+                        "of the draft LM head, half its bytes a draft step (GPUs of compute "
+                        "capability 8.9+; on the CPU a slow reference, for tests); lossless, "
+                        "verification uses the full LM head")
 
 
 def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:

@@ -44,7 +44,8 @@ class ModelRunner:
         num_blocks: KV blocks (a proposer's pool mirrors the target's; a target sizes its own and
         leaves its proposer's KV cache a share of the GPU budget, ``spec.target_kv_share``);
         reserve_bytes: device bytes kept out of the KV budget for what is built after the KV
-        cache is sized (the FR-Spec draft head, ``spec.draft_head_bytes``).
+        cache is sized (the FR-Spec draft head and the FP8 draft head's copy,
+        ``spec.draft_head_bytes``).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, files, max_model_len: int,

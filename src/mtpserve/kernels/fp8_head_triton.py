@@ -16,7 +16,8 @@ the weight and walks the reduction in steps of ``BLOCK_K`` fp8 inputs, widening 
 (one row of x: multiply-and-sum on the CUDA cores) or to x's dtype (several rows: ``tl.dot``
 with the rows padded to 16; float32 products under the interpreter, whose widening of fp8 to
 bf16 gives wrong values, and for float32 x), then scales its rows once. Elsewhere :func:`fp8_logits_torch`, the
-reference: the same dequantized weight in float32 PyTorch ops.
+reference: the same dequantized weight in float32 PyTorch ops (it builds that float32 weight on
+every call: for tests and tiny models, not a CPU serving path).
 """
 
 from __future__ import annotations
@@ -42,16 +43,17 @@ ROWS_TILES = (64, 256, 8, 3)
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row FP8 E4M3 copy of ``weight`` [N, K] (any float dtype and device): returns
     (``w8`` [N, K] float8_e4m3fn, ``scale`` [N] float32) with ``w8[n] * scale[n]`` close to
-    ``weight[n]`` (``scale[n]`` = the row's largest magnitude / 448; 1 for an all-zero row).
+    ``weight[n]`` (``scale[n]`` = the row's largest magnitude / 448; 1 for an all-zero row; a
+    row holding inf or NaN gets a non-finite or meaningless scale, which only spoils drafts).
     Quantized in float32, in slices of rows, so a 152k-row head needs no float32 copy of
-    itself. Raises ``ValueError`` for a weight that is not 2-D floating point."""
-    if weight.dim() != 2 or not weight.dtype.is_floating_point:
-        raise ValueError(f"quantize_rows takes a 2-D float weight, got {tuple(weight.shape)} "
-                         f"{weight.dtype}")
+    itself. Raises ``ValueError`` for a weight that is not 2-D floating point with K > 0."""
+    if weight.dim() != 2 or not weight.dtype.is_floating_point or weight.shape[1] == 0:
+        raise ValueError(f"quantize_rows takes a 2-D float weight of K > 0 inputs, got "
+                         f"{tuple(weight.shape)} {weight.dtype}")
     N, K = weight.shape
     w8 = torch.empty(N, K, dtype=FP8, device=weight.device)
     scale = torch.empty(N, dtype=torch.float32, device=weight.device)
-    step = max(1, (1 << 24) // max(K, 1))   # ~64 MiB of float32 a slice
+    step = max(1, (1 << 22) // max(K, 1))   # 16 MiB of float32 a slice (a few such at once)
     for lo in range(0, N, step):
         w = weight[lo:lo + step].float()
         s = w.abs().amax(dim=1) / FP8_MAX
@@ -107,8 +109,8 @@ def _fp8_logits_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, sx, sw, sy, K: tl.const
 
 def fp8_logits(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor,
                tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """``x`` [M, K] (16-bit, or float32 under the interpreter) times the FP8 weight ``w8`` [N,
-    K] float8_e4m3fn (rows contiguous) with its row scales ``scale`` [N] float32 (from
+    """``x`` [M, K] (bf16 / fp16; float32 too, products then in float32) times the FP8 weight
+    ``w8`` [N, K] float8_e4m3fn (rows contiguous) with its row scales ``scale`` [N] float32 (from
     :func:`quantize_rows`) -> float32 logits [M, N] (module doc). ``tiles``: (BLOCK_N, BLOCK_K,
     warps, stages), powers of two (default ``ONE_ROW_TILES`` for one row, ``ROWS_TILES`` for
     more; BLOCK_K at most K's next power of two, inputs past K masked). On CUDA or under ``TRITON_INTERPRET=1``: one Triton launch,
@@ -130,7 +132,7 @@ def fp8_logits(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor,
     N = w8.shape[0]
     block_n, block_k, warps, stages = tiles or (ONE_ROW_TILES if M == 1 else ROWS_TILES)
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
-    x = x.contiguous()
+    x, scale = x.contiguous(), scale.contiguous()
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     if M:
         _fp8_logits_kernel[(triton.cdiv(N, block_n),)](

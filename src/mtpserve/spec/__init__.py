@@ -106,7 +106,8 @@ def _mtp_proposer(spec: SpeculativeConfig, engine) -> Proposer:
 
     Raises:
         ValueError: the model has no MTP layers, or its checkpoint lacks the ``mtp.*`` tensors
-            (the message names them); a bad token map (spec/token_map.py, spec/draft_head.py).
+            (the message names them); a bad token map (spec/token_map.py, spec/draft_head.py);
+            an FP8 draft head on a GPU older than compute capability 8.9 (``_draft_head``).
     """
     from mtpserve.engine.model_runner import ModelRunner
     from mtpserve.spec.mtp import MTPProposer
@@ -147,6 +148,10 @@ def _draft_head(spec: SpeculativeConfig, engine):
     if quant and dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 9):
         raise ValueError("--speculative-draft-head-quantization fp8 needs a GPU of compute "
                          "capability 8.9 or newer (Ada, Hopper)")
+    if quant and dev.type != "cuda":
+        logger.warning("--speculative-draft-head-quantization fp8 on %s: drafts go through a "
+                       "float32 copy of the head made at every draft step (a reference for "
+                       "tests, slower than no quantization)", dev.type)
     head = build_draft_head(engine.runner.model, ids, quant)
     if ids is not None:
         logger.info("FR-Spec draft head: %d of %d tokens from %s (+%.1f MiB)", ids.numel(),
