@@ -20,7 +20,9 @@ def check_kernel(device: str, tiles=((32, 64, 4, 2), (64, 128, 4, 3)), N: int = 
     dtypes = (torch.float32, torch.bfloat16) if device == "cpu" else (torch.bfloat16,)
     for K in Ks:
         w8, scale = quantize_rows((torch.randn(N, K, generator=g) * 0.02).to(device))
-        # rows of a wider buffer whose columns past K hold NaN: an unmasked load past K shows
+        # rows of a wider buffer whose columns past K hold NaN: on CUDA an unmasked load past K
+        # gives NaN logits (Triton's interpreter widens an FP8 NaN to 480, so there x's masked
+        # zeros hide it; it does not check bounds either)
         wide = torch.full((N, K + 16), float("nan"), device=device).to(w8.dtype)
         wide[:, :K] = w8
         w8 = wide[:, :K]
