@@ -116,6 +116,13 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s36e)     # session 36, last call: the FP8 draft head's GPU tests after the review's fixes; the hybrid MTP step with and without the FP8 draft head (full head, FR-Spec 32k), twice (run 2's "fp8" rows had run the bf16 head: gpu_decode.py dropped the flag)
+  timeout 100 python3 -m pytest -q tests/test_gpu.py -k fp8 2>&1 | tee "$OUT/gpu_tests_fp8.log" | grep -v "^\s*$" | tail -4
+  for i in 1 2; do
+    timeout 150 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --draft-head-fp8 \
+      --json "$OUT/gpu_hybrid_fp8_$i.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -6
+  done
+  ;;
 s36d)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the FP8 draft head's GPU tests (its kernel masks a reduction shorter than a tile now); each graph's device time per replay, the chain through the bf16 and the FP8 draft head (full head, FR-Spec 32k)
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   timeout 100 python3 -m pytest -q tests/test_gpu.py -k fp8 2>&1 | tee "$OUT/gpu_tests_fp8.log" | grep -v "^\s*$" | tail -4
