@@ -15,9 +15,9 @@ CUDA (or under ``TRITON_INTERPRET=1``) one Triton launch: each program owns ``BL
 the weight and walks the reduction in steps of ``BLOCK_K`` fp8 inputs, widening them to float32
 (one row of x: multiply-and-sum on the CUDA cores) or to x's dtype (several rows: ``tl.dot``
 with the rows padded to 16; float32 products under the interpreter, whose widening of fp8 to
-bf16 gives wrong values, and for float32 x), then scales its rows once. Elsewhere :func:`fp8_logits_torch`, the
-reference: the same dequantized weight in float32 PyTorch ops (it builds that float32 weight on
-every call: for tests and tiny models, not a CPU serving path).
+bf16 gives wrong values, and for float32 x), then scales its rows once. Elsewhere
+:func:`fp8_logits_torch`, the reference: the same dequantized weight in float32 PyTorch ops (it
+builds that float32 weight on every call: for tests and tiny models, not a CPU serving path).
 """
 
 from __future__ import annotations
