@@ -147,7 +147,7 @@ def _draft_head(spec: SpeculativeConfig, engine):
     ids, quant, dev = engine.token_map, spec.draft_head_quantization, engine.device
     if quant and dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 9):
         raise ValueError("--speculative-draft-head-quantization fp8 needs a GPU of compute "
-                         "capability 8.9 or newer (Ada, Hopper)")
+                         "capability 8.9 or newer (Ada, Hopper, Blackwell)")
     if quant and dev.type != "cuda":
         logger.warning("--speculative-draft-head-quantization fp8 on %s: drafts go through a "
                        "float32 copy of the head made at every draft step (a reference for "
