@@ -14,7 +14,8 @@ mtpserve serve --port "$PORT" "$@" > quickstart-server.log 2>&1 &
 SERVER=$!
 # exit with the script's own status, not the stopped server's
 trap 'rc=$?; kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true; exit $rc' EXIT
-mtpserve wait-ready --url "http://127.0.0.1:$PORT" --timeout 300 || { cat quickstart-server.log; exit 1; }
+mtpserve wait-ready --url "http://127.0.0.1:$PORT" --timeout 300 --pid $SERVER \
+  || { cat quickstart-server.log; exit 1; }
 kill -0 $SERVER 2>/dev/null || { echo "the server exited:" >&2; cat quickstart-server.log; exit 1; }
 python - "$PORT" <<'PY'
 import sys

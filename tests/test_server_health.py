@@ -140,3 +140,63 @@ def test_serve_on_a_busy_port_fails_before_loading_anything(caplog, monkeypatch)
     assert built == []
     assert f"cannot listen on 127.0.0.1:{port}" in caplog.text
     assert "in use" in caplog.text
+
+
+def test_serve_ends_with_code_1_when_the_engine_fails_to_start(tmp_path):
+    """`mtpserve serve` whose engine cannot be built (MTP asked of a model without MTP layers:
+    the default SmolLM2) logs why and ends with exit code 1, as vLLM's server does, instead of
+    answering 503 for ever; `wait-ready --pid` sees the process end and exits 2 at once."""
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "mtpserve", "serve", "--port", str(port),
+                                 "--speculative-algorithm", "nextn"], stdout=f, stderr=f)
+    try:
+        out = io.StringIO()
+        t0 = time.monotonic()
+        code = wait_ready(f"http://127.0.0.1:{port}", 240, out=out, pid=proc.pid)
+        assert code == EXIT_DEAD, (out.getvalue(), log.read_text()[-2000:])
+        assert f"the server process {proc.pid} ended before" in out.getvalue()
+        assert time.monotonic() - t0 < 120
+        assert proc.wait(30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert ("the engine failed to start (ValueError: --speculative-algorithm nextn needs a "
+            "model with MTP layers") in text
+    assert "stopping the server" in text
+
+
+def test_wait_ready_returns_at_once_for_a_process_already_gone():
+    """A pid that has exited (a zombie child not reaped yet counts) ends the wait with code 2
+    before any timeout, naming the process; a live one does not."""
+    import subprocess
+    import sys
+    import time
+
+    from mtpserve.server.wait_ready import process_gone
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while not process_gone(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_gone(child.pid)          # still unreaped: a zombie
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = io.StringIO()
+    t0 = time.monotonic()
+    assert wait_ready(f"http://127.0.0.1:{port}", 30, out=log, pid=child.pid) == EXIT_DEAD
+    assert time.monotonic() - t0 < 5
+    assert f"the server process {child.pid} ended before" in log.getvalue()
+    child.wait()
+    assert process_gone(child.pid)          # reaped: no such process
+    import os
+    assert not process_gone(os.getpid())

@@ -43,6 +43,9 @@ def _wait_ready_parser(sub) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--api-key")
+    p.add_argument("--pid", type=int,
+                   help="the server's process id: exit 2 as soon as it has ended (mtpserve "
+                        "serve ends when its engine fails to start)")
     p.set_defaults(func=_wait_ready)
 
 
@@ -113,7 +116,7 @@ def _generate(a: argparse.Namespace) -> int:
 def _wait_ready(a: argparse.Namespace) -> int:
     from mtpserve.server.wait_ready import wait_ready
 
-    return wait_ready(a.url, a.timeout, api_key=a.api_key)
+    return wait_ready(a.url, a.timeout, api_key=a.api_key, pid=a.pid)
 
 
 def _token_map(a: argparse.Namespace) -> int:

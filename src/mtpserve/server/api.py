@@ -172,12 +172,15 @@ def make_engine(config: EngineConfig, warmup: bool = True,
 def run_server(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000,
                api_key: str | None = None, log_level: str = "info",
                served_model_name: str | None = None, engine_process: bool = False) -> int:
-    """Serve the OpenAI API for ``config``'s model until interrupted; returns the exit code (0).
+    """Serve the OpenAI API for ``config``'s model until interrupted; returns the exit code: 0
+    after an interrupt, 1 when the engine failed to start, 3 when the port cannot be opened.
 
     The HTTP port opens at once; the model loads in the engine thread meanwhile (``/health``
     answers 503 until it is ready). The model id is ``served_model_name``, else
     ``config.served_model_name``, else the model file's stem. A port that cannot be opened
-    (in use, no permission) ends the command with exit code 3 before any weight is loaded.
+    (in use, no permission) ends the command with exit code 3 before any weight is loaded; an
+    engine that dies before it is ready (its error logged) ends it with 1
+    (``runner.AbortingServer``).
     ``engine_process``: the engine loop runs in a process of its own (engine/engine_core.py).
     """
     import uvicorn
@@ -193,8 +196,9 @@ def run_server(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 800
     app = build_app(engine, served_model_name=served_model_name, api_key=api_key)
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    AbortingServer(cfg, engine).run(sockets=[sock])
-    return 0
+    server = AbortingServer(cfg, engine)
+    server.run(sockets=[sock])
+    return server.exit_code
 
 
 GRACEFUL_SHUTDOWN_S = 5.0   # after Ctrl-C, uvicorn then cancels whatever is still open

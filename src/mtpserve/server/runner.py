@@ -4,12 +4,15 @@ The foreground server of ``mtpserve serve`` is :func:`mtpserve.server.api.run_se
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 
 import uvicorn
 from fastapi import FastAPI
+
+logger = logging.getLogger(__name__)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -72,13 +75,27 @@ class BackgroundServer:
 
 class AbortingServer(uvicorn.Server):
     """uvicorn's server whose first Ctrl-C / SIGTERM also aborts every request in flight in
-    ``engine`` (an AsyncEngine), so open streams end at once with ``finish_reason="abort"``
-    instead of running on to their max_tokens before the server can stop."""
+    ``engine`` (an AsyncEngine or ProcessEngine), so open streams end at once with
+    ``finish_reason="abort"`` instead of running on to their max_tokens before the server can
+    stop; and which stops by itself, ``exit_code`` 1, when the engine dies before it was ever
+    ready (a flag the model cannot serve, weights that do not load, no memory for the KV cache:
+    nothing a retry of the same command fixes, so the command ends, as vLLM's and SGLang's do).
+    An engine that dies after it was ready leaves the server up, /health answering 503."""
 
     def __init__(self, config: uvicorn.Config, engine):
         super().__init__(config)
         self.engine = engine
+        self.exit_code = 0
 
     def handle_exit(self, sig, frame) -> None:
         self.engine.abort_all()
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s), which also ends the server once the engine failed to
+        start."""
+        if self.engine.dead and self.engine.startup_seconds is None and not self.exit_code:
+            logger.error("the engine failed to start (%s); stopping the server", self.engine.error)
+            self.exit_code = 1
+            self.should_exit = True
+        return await super().on_tick(counter)

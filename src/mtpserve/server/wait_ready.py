@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
@@ -23,8 +24,27 @@ def health_url(url: str) -> str:
     return base + "/health"
 
 
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended: no such process, or (Linux) a zombie that its parent
+    has not reaped yet (a shell's background job that exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:                       # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
 def wait_ready(url: str, timeout_s: float, api_key: str | None = None,
-               interval_s: float = 0.5, out: TextIO | None = None) -> int:
+               interval_s: float = 0.5, out: TextIO | None = None,
+               pid: int | None = None) -> int:
     """Poll ``GET <server>/health`` until it answers 200, then (with ``api_key``) check the key
     on ``GET /v1/models``.
 
@@ -34,10 +54,12 @@ def wait_ready(url: str, timeout_s: float, api_key: str | None = None,
         api_key: when given, also verify that /v1/models accepts it.
         interval_s: seconds between polls.
         out: where messages go (default ``sys.stderr``).
+        pid: the server's process: stop waiting once it has ended (``mtpserve serve`` ends
+            when its engine fails to start), instead of polling a closed port until the timeout.
 
     Returns:
         0 ready; 1 timed out (the message names the last status or connection error); 2 the server
-        reports that its engine died; 3 the API key was refused.
+        reports that its engine died, or process ``pid`` ended; 3 the API key was refused.
     """
     out = out or sys.stderr
     target = health_url(url)
@@ -47,6 +69,10 @@ def wait_ready(url: str, timeout_s: float, api_key: str | None = None,
     with httpx.Client() as client:
         while True:
             left = deadline - time.monotonic()
+            if pid is not None and process_gone(pid):
+                print(f"wait-ready: the server process {pid} ended before {target} was ready "
+                      f"({last})", file=out)
+                return EXIT_DEAD
             if left <= 0:
                 print(f"wait-ready: {target} not ready after {timeout_s:g} s ({last})", file=out)
                 return EXIT_TIMEOUT
