@@ -10,7 +10,10 @@ plus ``--draft-overhead-ms``, plus ``--switch-ms`` after a plain step), not from
 policy prices drafts by ``--cost-per-draft``, or with ``--measured-prices`` by those step
 times, as the engine does with CUDA graphs, or with ``--step-timer`` as the engine learns them:
 the model's time without the drafting overhead stands for the graph's replay, the rest is host
-time learned by the engine's own StepTimer (engine/step_timer.py) on the simulated clock. Made to
+time learned by the engine's own StepTimer (engine/step_timer.py) on the simulated clock.
+``--match P`` lets a sequence draft on a step that may draft only with probability P (an n-gram
+proposer without a match drafts nothing: that step is plain, and the next that drafts is a
+switch). Made to
 try rules for scouts and the gate's probes on the CPU before spending device time on them
 (session 15: a rule that stopped scouts where the gate vetoes turned out to switch speculation
 off for good; a fresh review found it with the first version of this script).
@@ -128,6 +131,9 @@ class Sim:
             return {}
         out = {}
         for seq in pol.unbenched(decoding):
+            # an n-gram proposer finding no match (no draw at 1: earlier runs' streams stay)
+            if self.args.match < 1 and self.rng.random() >= self.args.match:
+                continue
             m = min(k, length - self.out[seq.request_id] - 1)
             m = min(m, pol.num_drafts(seq)) if m > 0 else 0
             if m:
@@ -198,8 +204,8 @@ def build(args: argparse.Namespace, sim: Sim) -> DraftLengthPolicy:
         def step_cost(tokens: int, seqs: int) -> float:
             return Sim.model_seconds(args, seqs, tokens // seqs - 1, tokens > seqs, True)
     return DraftLengthPolicy(args.k, args.cost_per_draft, prior=args.prior, gate=LoadGate(),
-                             shared=SharedAcceptance(), step_cost=step_cost, draft_cost=beta,
-                             drafts_measured=measured)
+                             shared=None if args.no_pool else SharedAcceptance(),
+                             step_cost=step_cost, draft_cost=beta, drafts_measured=measured)
 
 
 def report(i: int, phase: Phase, c: Counts, pol: DraftLengthPolicy) -> str:
@@ -209,8 +215,10 @@ def report(i: int, phase: Phase, c: Counts, pol: DraftLengthPolicy) -> str:
     return (f"phase {i} load {phase.load} accept {accept}: {c.tokens / c.seconds:.0f} tok/s; "
             f"steps {c.steps}, drafting "
             f"{c.draft_steps}; started normal {c.normal} / scout {c.scouts} / benched "
-            f"{c.benched}; scout steps {c.scout_steps}; pooled {pol.pooled():.3f}; gate tok/s at 1 "
-            f"(drafting, plain) {rates}; scout interval {pol.shared.interval}")
+            f"{c.benched}; scout steps {c.scout_steps}; pooled "
+            f"{'-' if pol.shared is None else f'{pol.pooled():.3f}'}; gate tok/s at 1 "
+            f"(drafting, plain) {rates}; scout interval "
+            f"{'-' if pol.shared is None else pol.shared.interval}")
 
 
 def main() -> None:
@@ -227,6 +235,13 @@ def main() -> None:
     ap.add_argument("--per-seq-ms", type=float, default=0.05)
     ap.add_argument("--draft-overhead-ms", type=float, default=0.5)
     ap.add_argument("--switch-ms", type=float, default=2.8)
+    ap.add_argument("--no-pool", action="store_true",
+                    help="no pooled acceptance (no scouts, nothing benched): the n-gram "
+                         "proposer's policy")
+    ap.add_argument("--match", type=float, default=1.0,
+                    help="probability that a sequence has drafts on a step that may draft (an "
+                         "n-gram proposer drafts only where the recent tokens occurred before; "
+                         "1: an MTP, which always has)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--measured-prices", action="store_true",
                     help="price drafts by the step-time model's own times, as the engine's step "
