@@ -66,26 +66,20 @@ def check_head() -> dict:
     greedy ids for 1 and 5 rows over a full 200-token head and over a 12-token FR-Spec subset
     (ids mapped back through the subset), against the argmax of the PyTorch reference's logits.
     Returns {case: ids}."""
+    from harness_draft_head import SUBSET, H, lm_head, target_of
     from mtpserve.kernels.fp8_head_triton import fp8_logits_torch
-    from mtpserve.layers.embedding import ParallelLMHead
     from mtpserve.spec.draft_head import FullVocabHead, ReducedVocabHead, Fp8GreedyHead
 
-    lm = ParallelLMHead(200, 32)
-    lm.weight.data.copy_(torch.randn(200, 32, generator=torch.Generator().manual_seed(0)))
-    subset = [150, 3, 77, 31, 199, 0, 64, 12, 101, 5, 188, 40]
-
-    class Target:
-        lm_head = lm
-
+    lm = lm_head()
     out = {}
-    for name, base in (("full", FullVocabHead(Target())),
-                       ("fr-spec", ReducedVocabHead(lm, torch.tensor(subset)))):
+    for name, base in (("full", FullVocabHead(target_of(lm))),
+                       ("fr-spec", ReducedVocabHead(lm, torch.tensor(SUBSET)))):
         head = Fp8GreedyHead(base)
         for rows in (1, 5):
-            hidden = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+            hidden = torch.randn(rows, H, generator=torch.Generator().manual_seed(rows))
             got = head.greedy(hidden).tolist()
             best = fp8_logits_torch(hidden, head.w8, head.scale).argmax(-1)
-            want = (best if name == "full" else torch.tensor(sorted(subset))[best]).tolist()
+            want = (best if name == "full" else torch.tensor(sorted(SUBSET))[best]).tolist()
             assert got == want, (name, rows, got, want)
             out[f"{name} rows={rows}"] = got
     return out

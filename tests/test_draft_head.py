@@ -10,23 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from harness_draft_head import SUBSET, H, V, lm_head, target_of
 from mtpserve.cli import main
 from mtpserve.config import SpeculativeConfig
-from mtpserve.kernels import cpu_linear
 from mtpserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mtpserve.spec.draft_head import FullVocabHead, ReducedVocabHead, build_draft_head
 from mtpserve.spec.token_map import load_token_map
-
-V, H = 200, 32
-SUBSET = [150, 3, 77, 31, 199, 0, 64, 12, 101, 5, 188, 40]   # unsorted on purpose
-
-
-def lm_head(packed: bool = False, seed: int = 0) -> ParallelLMHead:
-    head = ParallelLMHead(V, H)
-    head.weight.data.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(seed)))
-    if packed:
-        head.packed = cpu_linear.pack(head.weight)
-    return head
 
 
 def masked(full: torch.Tensor, ids: list[int]) -> torch.Tensor:
@@ -109,7 +98,7 @@ def test_tensor_parallel_head_is_refused():
 
 def test_no_token_map_means_the_targets_own_head():
     lm = lm_head()
-    target = SimpleNamespace(lm_head=lm, compute_logits=lm)
+    target = target_of(lm)
     head = build_draft_head(target, None)
     hidden = torch.randn(3, H, generator=torch.Generator().manual_seed(5))
     assert isinstance(head, FullVocabHead)

@@ -11,36 +11,15 @@ import json
 import pytest
 import torch
 
+from harness_draft_head import (HOT, KW, TRAINED_GREEDY, K, ckpt,  # noqa: F401 (a fixture)
+                                prompts, token_ids, trained_llm)
 from harness_hybrid import one_thread_module  # noqa: F401 (a fixture)
 from harness_mtp_chain import drafts_of, mtp_llm
-from hybrid_checkpoint import random_mtp_checkpoint
 from mtpserve import LLM, SamplingParams
 from mtpserve.spec.draft_head import FullVocabHead, ReducedVocabHead
-from trained_hybrid import held_out_prompts, trained_hybrid_dir
-
-K = 3
-GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
-KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
-HOT = torch.randperm(256, generator=torch.Generator().manual_seed(1))[:100]   # of 256, unsorted
+from trained_hybrid import held_out_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """(random tiny MTP checkpoint, the .pt token map HOT next to it)."""
-    d = tmp_path_factory.mktemp("fr_spec")
-    torch.save(HOT, d / "hot.pt")
-    return random_mtp_checkpoint(d / "tiny")[0], str(d / "hot.pt")
-
-
-def prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(5)
-    return [torch.randint(2, 256, (n,), generator=g).tolist() for n in (4, 13, 7, 19, 9)]
-
-
-def token_ids(llm: LLM, ps, params=GREEDY) -> list[list[int]]:
-    return [r.outputs[0].token_ids for r in llm.generate(ps, params)]
 
 
 def drafted(log) -> list[int]:
@@ -155,12 +134,9 @@ def test_the_map_is_checked_at_engine_start(ckpt, tmp_path, monkeypatch, content
 def trained_run(ps, token_map: str | None):
     """(outputs, every draft token, accepted-per-step histogram) of greedy MTP decoding of
     ``ps`` on the trained checkpoint, adaptive policy off (every step drafts min(k, room))."""
-    llm = LLM(str(trained_hybrid_dir()), dtype="float32", device="cpu", max_model_len=64,
-              num_kv_blocks=64, speculative_algorithm="nextn", speculative_num_steps=K,
-              speculative_adaptive=False, speculative_token_map=token_map)
+    llm = trained_llm(speculative_token_map=token_map)
     seen = log_drafts(llm)
-    outs = [r.outputs[0] for r in llm.generate(ps, SamplingParams(temperature=0.0,
-                                                                  max_tokens=24))]
+    outs = [r.outputs[0] for r in llm.generate(ps, TRAINED_GREEDY)]
     return outs, [t for d, _ in seen for t in d], llm.engine.spec_metrics.accepted_per_step
 
 

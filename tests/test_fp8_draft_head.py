@@ -16,26 +16,19 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from fp8_head_check import compile_for_hopper  # noqa: E402
+from harness_draft_head import (HOT, KW, SUBSET, TRAINED_GREEDY, H, K, V, ckpt,  # noqa: E402,F401
+                                lm_head, prompts, target_of, token_ids, trained_llm)
 from harness_hybrid import one_thread_module  # noqa: E402,F401 (a fixture)
-from hybrid_checkpoint import random_mtp_checkpoint  # noqa: E402
 from interpreted import run_interpreted  # noqa: E402
-from trained_hybrid import held_out_prompts, trained_hybrid_dir  # noqa: E402
+from trained_hybrid import held_out_prompts  # noqa: E402
 
-from mtpserve import LLM, SamplingParams  # noqa: E402
+from mtpserve import LLM  # noqa: E402
 from mtpserve.config import SpeculativeConfig  # noqa: E402
 from mtpserve.kernels.dispatch import INTERPRET  # noqa: E402
 from mtpserve.kernels.fp8_head_triton import (FP8, FP8_MAX, MAX_ROWS, fp8_logits,  # noqa: E402
                                               fp8_logits_torch, quantize_rows)
-from mtpserve.layers.embedding import ParallelLMHead  # noqa: E402
 from mtpserve.spec.draft_head import (Fp8GreedyHead, FullVocabHead,  # noqa: E402
                                       ReducedVocabHead, build_draft_head)
-
-V, H = 200, 32
-SUBSET = [150, 3, 77, 31, 199, 0, 64, 12, 101, 5, 188, 40]
-K = 3
-KW = dict(dtype="float32", max_model_len=128, num_kv_blocks=128, block_size=4, max_num_seqs=8)
-GREEDY = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
-HOT = torch.randperm(256, generator=torch.Generator().manual_seed(1))[:100]
 
 
 # ---- the quantization and the product --------------------------------------------------------
@@ -125,22 +118,6 @@ def test_the_kernel_compiles_for_hopper(rows):
 
 
 # ---- the head ------------------------------------------------------------------------------
-def lm_head(seed: int = 0) -> ParallelLMHead:
-    head = ParallelLMHead(V, H)
-    head.weight.data.copy_(torch.randn(V, H, generator=torch.Generator().manual_seed(seed)))
-    return head
-
-
-def target_of(lm):
-    class Target:
-        lm_head = lm
-
-        def compute_logits(self, hidden):
-            return lm(hidden)
-
-    return Target()
-
-
 @pytest.mark.parametrize("subset", [None, SUBSET], ids=["full", "fr-spec"])
 def test_greedy_ids_are_the_argmax_of_the_fp8_logits_and_logits_stay_exact(subset):
     lm = lm_head()
@@ -179,22 +156,6 @@ def test_without_quantization_the_heads_are_as_before():
 
 
 # ---- the engine ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fp8_head")
-    torch.save(HOT, d / "hot.pt")
-    return random_mtp_checkpoint(d / "tiny")[0], str(d / "hot.pt")
-
-
-def prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(5)
-    return [torch.randint(2, 256, (n,), generator=g).tolist() for n in (4, 13, 7, 19, 9)]
-
-
-def token_ids(llm: LLM, ps, params=GREEDY) -> list[list[int]]:
-    return [r.outputs[0].token_ids for r in llm.generate(ps, params)]
-
-
 @pytest.mark.usefixtures("one_thread_module")
 @pytest.mark.parametrize("with_map", [False, True], ids=["full", "fr-spec"])
 def test_greedy_output_equals_plain_decoding_and_the_copy_is_reserved(ckpt, with_map,
@@ -226,11 +187,8 @@ def test_greedy_output_equals_plain_decoding_and_the_copy_is_reserved(ckpt, with
 def trained_run(ps, quantization: str | None):
     """(outputs, accepted draft tokens) of greedy MTP decoding of ``ps`` on the trained tiny
     checkpoint, every step drafting min(k, room)."""
-    llm = LLM(str(trained_hybrid_dir()), dtype="float32", device="cpu", max_model_len=64,
-              num_kv_blocks=64, speculative_algorithm="nextn", speculative_num_steps=K,
-              speculative_adaptive=False, speculative_draft_head_quantization=quantization)
-    outs = [r.outputs[0] for r in llm.generate(ps, SamplingParams(temperature=0.0,
-                                                                  max_tokens=24))]
+    llm = trained_llm(speculative_draft_head_quantization=quantization)
+    outs = [r.outputs[0] for r in llm.generate(ps, TRAINED_GREEDY)]
     return outs, sum(o.spec.num_accepted_tokens for o in outs)
 
 

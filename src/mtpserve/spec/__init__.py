@@ -154,10 +154,10 @@ def _draft_head(spec: SpeculativeConfig, engine):
                        "tests, slower than no quantization)", dev.type)
     head = build_draft_head(engine.runner.model, ids, quant)
     if ids is not None:
+        weight = getattr(head, "base", head).weight   # the FR-Spec head's, behind an FP8 copy
         logger.info("FR-Spec draft head: %d of %d tokens from %s (+%.1f MiB)", ids.numel(),
                     engine.model_config.vocab_size, spec.token_map,
-                    ids.numel() * engine.model_config.hidden_size
-                    * engine.runner.dtype.itemsize / 2**20)
+                    weight.numel() * weight.element_size() / 2**20)
     if quant:
         logger.info("FP8 draft head for greedy drafts (+%.1f MiB)", head.nbytes() / 2**20)
     return head
