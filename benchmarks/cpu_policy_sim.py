@@ -12,8 +12,10 @@ times, as the engine does with CUDA graphs, or with ``--step-timer`` as the engi
 the model's time without the drafting overhead stands for the graph's replay, the rest is host
 time learned by the engine's own StepTimer (engine/step_timer.py) on the simulated clock.
 ``--match P`` lets a sequence draft on a step that may draft only with probability P (an n-gram
-proposer without a match drafts nothing: that step is plain, and the next that drafts is a
-switch). Made to
+proposer without a match drafts nothing: that step is plain, costing ``--sync-ms`` more than a
+plain step, since it runs synchronously). ``--arms drafted`` files steps under the gate's arms
+as session 36's engine did (by whether they verified drafts, a drafting step after one that did
+not being a switch) instead of by the gate's decision. Made to
 try rules for scouts and the gate's probes on the CPU before spending device time on them
 (session 15: a rule that stopped scouts where the gate vetoes turned out to switch speculation
 off for good; a fresh review found it with the first version of this script).
@@ -95,6 +97,7 @@ class Sim:
     out: dict = field(default_factory=dict)
     made: int = 0
     prev_drafted: bool = False
+    arm: object = None        # the gate's decision on this step (policy.py GateArm)
     clock: float = 0.0        # simulated seconds so far (the step timer's clock)
     timer: StepTimer | None = None
 
@@ -127,7 +130,12 @@ class Sim:
     def drafts(self, decoding: list[Sequence]) -> dict[str, int]:
         """Drafts per request this step, as ``Proposer.propose`` decides them."""
         pol, k, length = self.policy, self.args.k, self.args.output_len
-        if not decoding or not pol.allow_drafts():   # as LLMEngine.step: no gate without decoding
+        self.arm = None
+        if not decoding:   # as LLMEngine.step: no gate without decoding
+            return {}
+        allowed = pol.allow_drafts()
+        self.arm = pol.step_arm()
+        if not allowed:
             return {}
         out = {}
         for seq in pol.unbenched(decoding):
@@ -158,13 +166,21 @@ class Sim:
         if decoding and not prefill:
             most = max(drafts.values(), default=0)
             secs = self.seconds(len(decoding), most, drafted, phase)
+            # a step the gate let draft runs synchronously even where nothing matched
+            synchronous = drafted or (self.arm is not None and self.arm.drafting)
+            if synchronous and not drafted:
+                secs += self.args.sync_ms / 1e3
             self.clock += secs
             if self.timer is not None:   # as the engine records a synchronous step
                 self.timer.record(len(decoding) + sum(drafts.values()), len(decoding), secs,
                                   self.device_seconds(self.args, len(decoding), most),
                                   after_plain=not self.prev_drafted, num_drafting=len(drafts))
-            pol.record_step(len(decoding), drafted, emitted, secs,
-                            switch=drafted and not self.prev_drafted)
+            if self.args.arms == "drafted":   # session 36's rule (module doc)
+                if not (drafted and pol._scouts_only):
+                    pol.gate.record(len(decoding), drafted, emitted, secs,
+                                    switch=drafted and not self.prev_drafted)
+            else:
+                pol.record_step(len(decoding), self.arm, emitted, secs, synchronous)
             counts.tokens += emitted
             counts.seconds += secs
         if decoding:
@@ -242,6 +258,12 @@ def main() -> None:
                     help="probability that a sequence has drafts on a step that may draft (an "
                          "n-gram proposer drafts only where the recent tokens occurred before; "
                          "1: an MTP, which always has)")
+    ap.add_argument("--sync-ms", type=float, default=0.0,
+                    help="what a step the gate let draft but that drafted nothing (no match) "
+                         "costs over a plain step: it runs synchronously, not overlapped")
+    ap.add_argument("--arms", choices=("decision", "drafted"), default="decision",
+                    help="file a step under the gate's decision on it (the engine's rule) or "
+                         "under whether it verified drafts (session 36's rule)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--measured-prices", action="store_true",
                     help="price drafts by the step-time model's own times, as the engine's step "

@@ -153,7 +153,9 @@ def fresh_gate(eng: LLMEngine) -> None:
     nothing."""
     policy = eng.proposer.policy
     if policy is not None and policy.gate is not None:
-        policy.gate = LoadGate(policy.gate.probe_every, policy.gate.decay)
+        old = policy.gate
+        policy.gate = LoadGate(old.probe_every, old.decay, old.max_probe_every,
+                               old.probe_budget, old.probe_steps)
     if policy is not None:
         policy.shared = SharedAcceptance(policy.shared.decay, policy.shared.scout_every)
 

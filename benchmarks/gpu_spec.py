@@ -6,7 +6,10 @@ Per-request tok/s = a request's tokens / its own wall time (at c=64: the batch's
 total tok/s = all tokens / wall time. Outputs are compared with the non-speculative ones.
 
 After each row, the n-gram engine's load gate (spec/load_gate.py): its tokens/s figures of
-drafting and plain steps per batch-size bucket, as they stand after the measured rounds.
+drafting and plain steps per batch-size bucket, as they stand after the measured rounds, and
+what it was told in the measured rounds (``GateLog``): per bucket and arm, the steps recorded,
+their tokens and seconds (switches apart), so the figures can be checked against what the
+steps really yielded.
 
 Each (set, concurrency) first runs the whole load once per engine unmeasured (GPU clocks ramp up,
 Triton and cuBLAS settle), then ``--repeats`` measured rounds alternating off and on, so a drift
@@ -68,6 +71,36 @@ def gate_figures(llm) -> dict:
             for k, b in sorted(gate._buckets.items())}
 
 
+class GateLog:
+    """Wraps ``llm``'s load gate's ``record`` (the engine's report of each decode step) and
+    sums what it is told per (bucket, arm, switch): steps, tokens, seconds. No-op without a
+    gate."""
+
+    def __init__(self, llm):
+        self.sums: dict = {}
+        self.on = False
+        gate = getattr(getattr(llm.engine.proposer, "policy", None), "gate", None)
+        if gate is None:
+            return
+        record = gate.record
+
+        def logged(num_seqs, drafted, tokens, seconds, switch=False):
+            if self.on:
+                key = f"<= {2 ** gate.bucket(num_seqs)} {'draft' if drafted else 'plain'}" + (
+                    " switch" if drafted and switch else "")
+                row = self.sums.setdefault(key, [0, 0, 0.0])
+                row[0] += 1
+                row[1] += tokens
+                row[2] += seconds
+            return record(num_seqs, drafted, tokens, seconds, switch)
+        gate.record = logged
+
+    def table(self) -> dict:
+        """Per key: steps, tokens, seconds and their tokens/s."""
+        return {k: {"steps": n, "tokens": t, "seconds": s, "tok_s": t / s if s else None}
+                for k, (n, t, s) in sorted(self.sums.items())}
+
+
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
@@ -77,8 +110,13 @@ def compare(engines, prompts, conc, max_tokens, repeats):
     figures, plus the speedups of every round (on / off, per-request tok/s)."""
     for llm in engines.values():
         run(llm, prompts, conc, max_tokens)
+    logs = {label: GateLog(llm) for label, llm in engines.items()}
+    for log in logs.values():
+        log.on = True
     rounds = [{label: run(llm, prompts, conc, max_tokens) for label, llm in engines.items()}
               for _ in range(repeats)]
+    for log in logs.values():
+        log.on = False
     base_ids = rounds[0]["off"]["ids"]
     out = {}
     for label in engines:
@@ -89,6 +127,7 @@ def compare(engines, prompts, conc, max_tokens, repeats):
                            for r in rounds]
         mid.pop("ids")
         mid["gate"] = gate_figures(engines[label])
+        mid["gate_log"] = logs[label].table()
         out[label] = mid
     return out
 
@@ -125,6 +164,9 @@ def main() -> None:
                     print(f"    gate {bucket:>6}: draft {g['draft_tok_s'] or 0:8.0f} tok/s "
                           f"({g['draft_steps']} steps), plain {g['plain_tok_s'] or 0:8.0f} "
                           f"tok/s ({g['plain_steps']}), {g['steps']} steps")
+                for key, g in r["gate_log"].items():
+                    print(f"    told {key:>20}: {g['steps']:6d} steps {g['tokens']:7d} tokens "
+                          f"{g['seconds']:8.3f} s {g['tok_s'] or 0:8.0f} tok/s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -266,7 +266,7 @@ def test_steps_kept_plain_by_the_gate_overlap(smollm2_llm, algo, pattern, budget
         plain = [t for drafted, t in gate.records if not drafted]
         assert len(plain) >= 5 and set(plain) <= {1, 2} and plain.count(2) >= 4
         assert len(gate.records) >= gate.calls - 3   # all but the prefill and the last steps
-        # a drafting step is a switch exactly when the step before it verified no drafts
+        # a step the gate let draft is a switch exactly when it vetoed the step before
         pairs = list(zip(gate.switches, gate.switches[1:]))
         assert all(switch == (not before) for (before, _), (drafted, switch) in pairs
                    if drafted)

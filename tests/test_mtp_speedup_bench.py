@@ -77,10 +77,10 @@ def test_adaptive_levels_each_start_from_a_fresh_gate():
     policy = eng.proposer.policy
     bench.fresh_gate(eng)   # the CPU engine has none: nothing to do
     assert policy.gate is None
-    old = policy.gate = LoadGate(probe_every=7, decay=0.6)
+    old = policy.gate = LoadGate(probe_every=7, decay=0.6, probe_steps=3)
     old.record(1, True, 1, 0.01)
     old.record(1, False, 1, 0.001)
     bench.fresh_gate(eng)
     new = policy.gate
-    assert new is not old and (new.probe_every, new.decay) == (7, 0.6)
+    assert new is not old and (new.probe_every, new.decay, new.probe_steps) == (7, 0.6, 3)
     assert new._buckets == {} and old._buckets[0].rate == {True: 100.0, False: 1000.0}

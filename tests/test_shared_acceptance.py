@@ -7,7 +7,7 @@ import pytest
 
 from mtpserve.engine.sequence import Sequence
 from mtpserve.sampling_params import SamplingParams
-from mtpserve.spec.policy import DraftLengthPolicy
+from mtpserve.spec.policy import DraftLengthPolicy, GateArm
 from mtpserve.spec.shared_acceptance import SharedAcceptance
 
 
@@ -217,9 +217,13 @@ def test_an_open_scout_drafts_where_the_gate_vetoes_and_only_it():
     assert p.allow_drafts()
     assert [p.num_drafts(s) for s in (early, bench, scout)] == [0, 0, 3]
     assert [p.would_draft(s) for s in (early, bench, scout)] == [0, 0, 3]
-    p.record_step(3, False, 3, 0.01)      # a plain step read back now still reaches the gate,
-    p.record_step(3, True, 3, 0.02)       # this drafting step of the scout alone does not
-    assert p.gate.records == [(3, False)]
+    arm = p.step_arm()                    # vetoed, open scouts alone may draft
+    assert arm == GateArm(drafting=False, switch=False, scouts_only=True)
+    plain = GateArm(drafting=False, switch=False, scouts_only=False)
+    p.record_step(3, plain, 3, 0.01, synchronous=False)   # an earlier plain step read back now
+    p.record_step(3, arm, 3, 0.02, synchronous=True)      # this step, the scout drafting: not
+    p.record_step(3, arm, 3, 0.01, synchronous=False)     # as plain steps run: the plain arm
+    assert p.gate.records == [(3, False), (3, False)]
     p.record(scout, 3, 0)                 # its first verify: evidence, so it is no longer open
     p.set_batch(3)
     assert not p.allow_drafts() and p._open_scouts == 0

@@ -251,94 +251,103 @@ def test_the_first_drafting_step_after_plain_steps_is_not_a_price_per_draft():
     assert t.host_per_seq == pytest.approx(0.24e-3)
 
 
+def _drive_gate(g, n: int, steps: int, draft, plain) -> list[bool]:
+    """Drive the load gate ``g`` as the engine does for ``steps`` decode steps of ``n``
+    sequences: ask ``allow``, then record the step under that decision, a step it lets draft
+    right after one it vetoed being a switch. ``draft(switch)`` / ``plain()``: the step's
+    (tokens, seconds). Returns the decisions."""
+    decisions = []
+    for _ in range(steps):
+        drafting = g.allow(n)
+        switch = drafting and not (decisions[-1] if decisions else False)
+        tokens, seconds = draft(switch) if drafting else plain()
+        g.record(n, drafting, tokens=tokens, seconds=seconds, switch=switch)
+        decisions.append(drafting)
+    return decisions
+
+
 def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
+    """Nothing measured: a drafting probe of 4 steps (the first a switch, not recorded; the
+    figure is the other three's tokens over their seconds), then a plain step. Plain steps are
+    faster, so the gate vetoes until the next probe; the probe loses and the interval doubles;
+    once drafting is faster a probe lifts the veto and plain steps are probed instead."""
     from mtpserve.spec.load_gate import LoadGate
 
-    g = LoadGate(probe_every=4)
-    # nothing measured: two drafting steps and a plain one until both are (steps with prefill
-    # chunks are not recorded, so a side that is never measured must not lock the other out)
-    assert [g.allow(64) for _ in range(3)] == [True, True, False]
-    g.record(64, True, tokens=64, seconds=0.020, switch=True)   # after plain: not recorded
-    assert g.rates(64) == (None, None)
-    g.record(64, True, tokens=120, seconds=0.010)          # 12000 tok/s drafting
-    g.record(64, False, tokens=64, seconds=0.004)          # 16000 tok/s plain: faster
+    g = LoadGate(probe_every=8, probe_budget=1.0)   # the probe budget never binds here
+
+    def slow(switch):   # 12000 tok/s drafting, 3200 for a switch
+        return (64, 0.020) if switch else (120, 0.010)
+
+    def plain():        # 16000 tok/s
+        return 64, 0.004
+
+    assert _drive_gate(g, 64, 5, slow, plain) == [True] * 4 + [False]
     assert g.rates(64) == (12000.0, 16000.0)
-    # step 4: a probe of drafting, two steps (the first a switch); then plain
-    assert [g.allow(64) for _ in range(4)] == [True, True, False, False]
-    # another bucket is measured on its own: one sequence still drafts
+    # the next probe of drafting 8 steps after the plain one (step 13): it loses again, so the
+    # one after comes 16 steps after it (step 29)
+    assert _drive_gate(g, 64, 24, slow, plain) == [False] * 7 + [True] * 4 + [False] * 12 + [True]
+    assert g.rates(64) == (12000.0, 16000.0)
+    # another bucket is measured on its own: one sequence still explores
     assert [g.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 1, 2, 2, 3, 3, 4]
     assert g.bucket(33) == g.bucket(64) != g.bucket(32)
     assert g.allow(1) is True
-    # drafting becomes faster (a plain mean of the first steps, then 0.8 old + 0.2 new)
-    for _ in range(10):   # the first takes the probe's mark: the interval stays 4
-        g.record(64, True, tokens=400, seconds=0.010)
-    spec, plain = g.rates(64)
-    assert spec > plain
-    # steps 8-12: plain is probed at 8 and 12
-    assert [g.allow(64) for _ in range(5)] == [False, True, True, True, False]
+    # drafting becomes faster: the rest of the probe (steps 30-32) replaces the figure, drafting
+    # is chosen, and plain is probed 8 steps after the probe (step 37, a win for drafting: the
+    # next 16 steps later), the drafting step after it a switch again
+    fast = lambda switch: (400, 0.010)   # noqa: E731  (40000 tok/s)
+    assert _drive_gate(g, 64, 25, fast, plain) == [True] * 7 + [False] + [True] * 15 + [False, True]
+    assert g.rates(64) == (40000.0, 16000.0)
     with pytest.raises(ValueError, match="probe_every"):
         LoadGate(probe_every=1)
+    with pytest.raises(ValueError, match="probe_steps"):
+        LoadGate(probe_steps=1)
+    with pytest.raises(ValueError, match="probe_every"):   # a drafting probe fills the interval
+        LoadGate(probe_every=6, probe_steps=4)
 
 
 def test_a_probe_replaces_its_arms_stale_figure():
     """Drafting lost while a request accepted nothing (300 vs 500 tok/s); a new request that
-    accepts everything is probed once, at 1500 tok/s: that figure replaces the old one (blended
-    at 0.2 it would be 540 and the veto would hold for further probes), so drafting resumes at
-    once; a plain step recorded meanwhile, not a probe, is blended as usual and leaves the mark
-    to the probe's step."""
+    accepts everything is probed at 1500 tok/s: the probe's figure replaces the old one
+    (blended at 0.1 a step it would be 325 after the probe's steps and the veto would hold
+    for further probes), so drafting resumes at once. A plain step recorded during the probe
+    (under async scheduling, the plain step that the probe's switch drained) is blended as
+    usual and leaves the probe to the drafting steps. A drafting step after the probe is blended by its tokens and
+    seconds (ratio of the means: 1354 tok/s here, where a mean of the rates would say 1380)."""
     from mtpserve.spec.load_gate import LoadGate
 
-    g = LoadGate(probe_every=4, probe_budget=1.0)   # the probe budget never binds here
-    for drafted, tps in ((True, 300.0), (False, 500.0)) * 5:   # steps 1-10
-        g.allow(1)
-        g.record(1, drafted, tokens=1, seconds=1 / tps)
+    g = LoadGate(probe_every=8, probe_budget=1.0)   # the probe budget never binds here
+    _drive_gate(g, 1, 40, lambda switch: (1, 1 / 300), lambda: (1, 1 / 500))
     assert g.rates(1) == pytest.approx((300.0, 500.0))
-    # the probe of step 4 lost again: the next comes 8 steps later, at 12 (two steps)
-    assert [g.allow(1) for _ in range(4)] == [False, True, True, False]   # steps 11-14
-    # the plain step still in flight (async scheduling), drained by the probe: blended, and
-    # it leaves the probe's mark to the probe's own step
-    g.record(1, False, tokens=1, seconds=1 / 600)
-    assert g.rates(1)[1] == pytest.approx(0.8 * 500 + 0.2 * 600)
+    while not g.allow(1):                 # plain until the next probe
+        g.record(1, False, tokens=1, seconds=1 / 500)
+    g.record(1, False, tokens=1, seconds=1 / 600)               # drained by the switch
     g.record(1, True, tokens=4, seconds=4 / 600, switch=True)   # the probe's switch: skipped
     assert g.rates(1)[0] == pytest.approx(300.0)
-    g.record(1, True, tokens=4, seconds=4 / 1500)   # the probe: replaces the stale 300
+    assert g.rates(1)[1] == pytest.approx(1 / (0.9 / 500 + 0.1 / 600))
+    for _ in range(3):                    # the probe's other steps
+        assert g.allow(1) is True
+        g.record(1, True, tokens=4, seconds=4 / 1500)
     assert g.rates(1)[0] == pytest.approx(1500.0)
-    g.record(1, True, tokens=1, seconds=1 / 300)    # not a probe: blended
-    assert g.rates(1)[0] == pytest.approx(0.8 * 1500 + 0.2 * 300)
-    # drafting chosen; the probe overturned the veto, so plain is probed 4 steps after it
-    assert [g.allow(1) for _ in range(4)] == [True, False, True, True]   # steps 15-18
+    assert g.allow(1) is True             # drafting chosen at once
+    g.record(1, True, tokens=1, seconds=1 / 300)    # not a probe: blended by tokens and seconds
+    assert g.rates(1)[0] == pytest.approx((0.9 * 4 + 0.1) / (0.9 * 4 / 1500 + 0.1 / 300))
 
 
 def test_probes_that_confirm_the_veto_come_ever_less_often():
-    """A probe of drafting (two steps: the first, a switch after plain steps, is not recorded)
-    that loses again doubles the interval to the next probe (4, 8, 16, then capped at 16); one
-    that wins brings it back to ``probe_every`` (and drafting on). On the H200 a probe at 64
-    requests whose drafts were all rejected cost 20 ms, 4.6 plain steps."""
+    """A probe of drafting (here two steps: the first, a switch after plain steps, is not
+    recorded) that loses again doubles the interval to the next probe (8, 16, then capped at
+    16); one that wins brings it back to ``probe_every`` (and drafting on). On the H200 a probe
+    at 64 requests whose drafts were all rejected cost 20 ms, 4.6 plain steps."""
     from mtpserve.spec.load_gate import LoadGate
 
-    g = LoadGate(probe_every=4, max_probe_every=16, probe_budget=1.0)   # budget: never binds
-    drafting, last = [], True
-
-    def step(n: int, drafted_tps: float) -> None:
-        nonlocal last
-        drafted = g.allow(1)
-        if drafted:
-            drafting.append(n)
-            g.record(1, True, tokens=1, seconds=1 / drafted_tps, switch=not last)
-        else:
-            g.record(1, False, tokens=1, seconds=1 / 700)
-        last = drafted
-
-    g.allow(1)
-    g.record(1, True, tokens=1, seconds=1 / 300)   # drafting 300 tok/s
-    for n in range(2, 60):
-        step(n, 300.0)                                # every probe loses again
-    assert drafting == [2, 4, 5, 12, 13, 28, 29, 44, 45]   # 4, 8, 16, 16 steps apart
-    step(60, 1500.0)                                  # the next probe: its switch
-    step(61, 1500.0)                                  # ... and its measure: drafting wins
-    for n in range(62, 66):
-        step(n, 1500.0)
-    assert drafting[-5:] == [60, 61, 62, 63, 65]      # 64: plain probed 4 steps after 60
+    g = LoadGate(probe_every=4, max_probe_every=16, probe_budget=1.0, probe_steps=2)
+    tps = 300.0
+    decisions = _drive_gate(g, 1, 62, lambda switch: (1, 1 / tps), lambda: (1, 1 / 700))
+    # steps 1-3 explore (drafting twice, then plain); every probe loses again
+    assert [i + 1 for i, d in enumerate(decisions) if d] == [1, 2, 7, 8, 15, 16, 31, 32, 47, 48]
+    tps = 1500.0   # the next probe (63-64) wins: drafting on, plain probed 4 steps after it
+    decisions = _drive_gate(g, 1, 8, lambda switch: (1, 1 / tps), lambda: (1, 1 / 700))
+    assert decisions == [True] * 4 + [False] + [True] * 3
 
 
 def test_a_lost_drafting_probe_is_spaced_by_what_it_cost():
@@ -350,7 +359,8 @@ def test_a_lost_drafting_probe_is_spaced_by_what_it_cost():
     from mtpserve.spec.load_gate import LoadGate
 
     def interval_after_lost_probe(n: int, plain_s: float, switch_s: float, next_s: float):
-        g = LoadGate(probe_every=16)   # intervals double up to 64, the budget's up to 1024
+        g = LoadGate(probe_every=16, probe_steps=2)   # intervals double up to 64, the budget's
+        # up to 1024
         g.record(n, True, tokens=n, seconds=next_s)
         g.record(n, False, tokens=n, seconds=plain_s)     # both arms measured: drafting loses
         allowed = [g.allow(n) for _ in range(17)]
@@ -379,7 +389,7 @@ def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():
     smaller bucket had drafting win, explore as before."""
     from mtpserve.spec.load_gate import LoadGate
 
-    g = LoadGate(probe_every=4)
+    g = LoadGate(probe_every=4, probe_steps=2)
     g.allow(16)
     g.record(16, True, tokens=16, seconds=0.010)    # 1600 tok/s drafting
     g.allow(16)
@@ -389,7 +399,7 @@ def test_a_new_larger_bucket_inherits_a_veto_instead_of_exploring():
     g.record(64, False, tokens=64, seconds=0.008)   # its own first plain step: 8000 tok/s
     assert g.rates(64) == (1600.0, 8000.0)
     assert g.allow(1) is True and g.allow(8) is True  # smaller buckets explore
-    g2 = LoadGate(probe_every=4)
+    g2 = LoadGate(probe_every=4, probe_steps=2)
     g2.record(1, True, tokens=1, seconds=1 / 300)
     g2.record(1, False, tokens=1, seconds=1 / 700)  # drafting loses at 1 sequence,
     g2.record(8, True, tokens=20, seconds=0.002)
@@ -466,13 +476,13 @@ def test_a_probe_of_the_drafting_arm_prices_drafts_by_the_model():
 
     timer = StepTimer(min_samples=1)
     timer.record(4, 1, 0.2, 1.73e-3)   # one stalled drafting step: ~66 ms per draft
-    gate = LoadGate(probe_every=4)
+    gate = LoadGate(probe_every=4, probe_steps=2)
     p = _h200_like_policy(timer, gate, prior=0.8)
     s = seq()
     answers = []
     for drafted, tps, switch in ((True, 10.0, True), (True, 10.0, False), (False, 800.0, False),
                                  (None, 0, False), (None, 0, False), (None, 0, False),
-                                 (None, 0, False)):
+                                 (None, 0, False), (None, 0, False)):
         p.set_batch(1)
         allowed = p.allow_drafts()
         answers.append((allowed, gate.exploring(1) if allowed else None,
@@ -480,9 +490,8 @@ def test_a_probe_of_the_drafting_arm_prices_drafts_by_the_model():
         if drafted is not None:   # steps 1-3 explore: drafting (a switch, then measured), plain
             gate.record(1, drafted, tokens=1, seconds=1 / tps, switch=switch)
     # drafting not measured yet: explore (priced by the model); plain is chosen (800 vs 10
-    # tok/s); the bucket's 4th step probes drafting for two steps, priced by the model
-    assert answers == [(True, True, 3), (True, True, 3), (False, None, 0),
-                       (True, True, 3), (True, True, 3), (False, None, 0), (False, None, 0)]
+    # tok/s); 4 steps after the plain one, a probe of drafting (2 steps), priced by the model
+    assert answers == [(True, True, 3)] * 2 + [(False, None, 0)] * 4 + [(True, True, 3)] * 2
     p.set_batch(1)   # measured prices alone: the stalled step prices every draft out
     p._costs = None
     assert p._best(0.8) == 0

@@ -85,7 +85,8 @@ class LLMEngine:
         self.async_scheduling = (self.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._pending: PendingStep | None = None   # async scheduling: the step still running
-        self._done_at = 0.0     # perf_counter seconds when the last step's tokens were appended
+        # perf_counter seconds when the last step's tokens were appended (None: idle since)
+        self._done_at: float | None = None
         self._drafted = False   # whether the last step verified drafts (the step timer's switch)
         if not config.enforce_eager:
             self.runner.capture_cuda_graphs()
@@ -143,19 +144,28 @@ class LLMEngine:
         scheduling (engine/overlap.py) the deltas returned are those of the previous step.
         """
         t0 = time.perf_counter()
-        allowed = None        # the draft-length policy's say on this step, asked once
+        if self._done_at is None:   # busy again after idling: this step's time starts now
+            self._done_at = t0
+        allowed = arm = None  # the draft-length policy's say on this step, asked once
         decoding = [s for s in self.scheduler.running if not s.in_prefill]
         if self.proposer is not None:   # (a step of prefills alone could not draft: it would
             # spend a due probe of the load gate for nothing, and with request lengths that are
             # a multiple of the probe interval every probe after it too)
             allowed = self.proposer.allow_drafts(len(decoding)) if decoding else False
+            if decoding and self.proposer.policy is not None:
+                arm = self.proposer.policy.step_arm()
         if self._can_overlap(decoding, allowed):
-            return self._overlapped_step(t0, decoding, allowed)
-        # drain: this step needs every token on the host
-        outputs = self._resolve() if self._pending is not None else []
-        return outputs + self._sync_step(allowed)
+            outputs = self._overlapped_step(t0, decoding, allowed, arm)
+        else:   # drain: this step needs every token on the host
+            outputs = self._resolve() if self._pending is not None else []
+            outputs += self._sync_step(allowed, arm)
+        if not self.has_unfinished_requests():
+            self._done_at = None   # idle from here: not a step's time
+        return outputs
 
-    def _sync_step(self, allowed: bool | None) -> list[RequestOutput]:
+    def _sync_step(self, allowed: bool | None, arm=None) -> list[RequestOutput]:
+        """One step run to its end on the host (drafts proposed, verified, appended); ``arm``:
+        the load gate's decision on it (spec/policy.py ``GateArm``)."""
         t0 = time.perf_counter()
         if self.proposer is not None:
             self.proposer.propose([s for s in self.scheduler.running if not s.in_prefill],
@@ -190,8 +200,9 @@ class LLMEngine:
         emitted = sum(len(o.new_token_ids) for o in outputs)
         self.stats_logger.step(self, emitted)
         after_plain = not self._drafted
-        self._record_for_policy(sched, emitted, time.perf_counter() - t0, after_plain)
-        self._done_at = time.perf_counter()
+        now = time.perf_counter()
+        self._record_for_policy(sched, emitted, now - self._done_at, arm, synchronous=True)
+        self._done_at = now
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
             self.step_timer.record(batch.num_tokens, batch.num_seqs, time.perf_counter() - t0,
@@ -213,12 +224,13 @@ class LLMEngine:
                                    and p.drafts_nothing(decoding, allowed))))
 
     def _overlapped_step(self, t0: float, decoding: list[Sequence],
-                         allowed: bool | None) -> list[RequestOutput]:
+                         allowed: bool | None, arm=None) -> list[RequestOutput]:
         """Launch a step (its input ids for pending tokens taken on the device), then read back
         and post-process the previous step while this one runs; return that step's deltas.
         ``t0``: when this call began (perf_counter seconds); ``decoding``, ``allowed``: the
         sequences past prefill and the gate's say, for the proposer's propose (which drafts
-        nothing here: ``_can_overlap``; the policy still counts the step)."""
+        nothing here: ``_can_overlap``; the policy still counts the step); ``arm``: the load
+        gate's decision on it, recorded when it is read back."""
         self._drafted = False
         for seq in self.scheduler.running:   # drafts a budget-limited step left unscheduled
             seq.draft_token_ids, seq.draft_probs = [], None
@@ -241,7 +253,7 @@ class LLMEngine:
         observe = self.proposer is not None and self.proposer.observes_launched
         if observe:   # the ids after each token, while the previous step's are still pending
             next_ids = next_token_ids(batch, sched, result.token_ids, self._pending)
-        launched = PendingStep.launch(sched, sampling, result, t0)
+        launched = PendingStep.launch(sched, sampling, result, t0, arm)
         if observe:   # queued behind the copy of the sampled ids: reading them back won't wait
             self.proposer.observe_launched(sched, hidden, next_ids)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
@@ -266,24 +278,27 @@ class LLMEngine:
                 outputs.extend(self._postprocess(s))
         emitted = sum(len(o.new_token_ids) for o in outputs)
         self.stats_logger.step(self, emitted)
-        # the gate's plain arm: in a pipeline a step takes from the later of its launch and the
-        # previous step's read-back to its own read-back (also when a drafting step drains it)
+        # in a pipeline a step takes from the previous step's read-back to its own (also when a
+        # drafting step drains it)
         now = time.perf_counter()
-        self._record_for_policy(step.sched, emitted, now - max(step.launched_at, self._done_at))
+        self._record_for_policy(step.sched, emitted, now - self._done_at, step.arm,
+                                synchronous=False)
         self._done_at = now
         return outputs
 
-    def _record_for_policy(self, sched, emitted: int, seconds: float,
-                           after_plain: bool = True) -> None:
+    def _record_for_policy(self, sched, emitted: int, seconds: float, arm,
+                           synchronous: bool) -> None:
         """Decode steps (every sequence computes its newest token, with or without drafts) tell
-        the draft-length policy's gate what drafting or not drafting yielded; ``after_plain``:
-        the step before verified no drafts (a drafting step is then a switch)."""
+        the draft-length policy's gate what its decision ``arm`` on them yielded: ``emitted``
+        tokens in ``seconds``, the engine's wall time from the previous step's end to this
+        one's (the host's work between steps included, so that the steps of both arms add up to
+        the time the requests waited; timed from the step's own start, a synchronous drafting
+        step left out the engine loop's work between steps, which plain steps in a pipeline
+        carried); ``synchronous``: it ran without async scheduling."""
         policy = getattr(self.proposer, "policy", None)
         if policy is None or any(s.num_new_tokens != 1 for s in sched.scheduled):
             return
-        drafted = any(s.draft_token_ids for s in sched.scheduled)
-        policy.record_step(len(sched.scheduled), drafted, emitted, seconds,
-                           switch=drafted and after_plain)
+        policy.record_step(len(sched.scheduled), arm, emitted, seconds, synchronous)
 
     @staticmethod
     def _kept_hidden(sched, starts, batch, hidden):

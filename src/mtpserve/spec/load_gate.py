@@ -5,21 +5,23 @@ The draft-length policy (policy.py) prices a verify step from the captured graph
 plus a learned host time per sequence and per draft. Host work that does not scale that way
 (proposing, verifying and appending for many requests at once) can still make speculation slower
 than plain decoding at high load: measured on the H200 with n-gram drafts at 64 concurrent
-requests, 0.53x. This gate measures what matters instead — tokens emitted per second of whole
-engine steps — separately for steps that verified drafts and steps that did not, per batch-size
-bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster (an
+requests, 0.53x. This gate measures what matters instead — tokens emitted per second of the
+engine's wall time — separately for the steps it let draft and the steps it vetoed (its two
+arms, whether or not a step it let draft found anything to draft: policy.py ``record_step``),
+per batch-size bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster (an
 epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2):
 
 - A new bucket explores until both arms are measured: two drafting steps, one plain, again.
 - After that, when a probe is due, one step runs the other way (two for drafting), and its figure
   replaces that arm's stale one, so both stay current as the load and the requests' acceptance
   change.
-- A drafting step right after a plain one is a *switch* and is not recorded (``record``'s
-  ``switch``): the proposer first catches up on the plain steps and drafts from scratch (H200,
-  MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step that follows another and 1.26
-  ms for a plain step). Weighed as the drafting arm's rate, no single-step probe could ever lift
-  a veto even at 100% acceptance (4 tokens in 5.5 ms < 1 in 1.26 ms). The burst's second step is
-  what measures drafting; the switch is paid once per run of drafting steps.
+- A step the gate lets draft right after one it vetoed is a *switch* and is not recorded
+  (``record``'s ``switch``): the proposer first catches up on the plain steps and drafts from
+  scratch (H200, MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step that follows
+  another and 1.26 ms for a plain step). Weighed as the drafting arm's rate, no single-step
+  probe could ever lift a veto even at 100% acceptance (4 tokens in 5.5 ms < 1 in 1.26 ms).
+  The burst's second step is what measures drafting; the switch is paid once per run of
+  drafting steps.
 - A probe that confirms the choice doubles the bucket's interval to the next probe, up to
   ``max_probe_every`` (4 x by default); one that overturns it resets the interval (exponential
   backoff). On the H200 a drafting probe at 64 requests whose drafts were all rejected cost 20 ms
@@ -45,14 +47,17 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Bucket:
-    rate: dict = field(default_factory=dict)   # True (drafting) / False (plain) -> tokens/s
-    count: dict = field(default_factory=dict)  # steps recorded per arm
+    rate: dict = field(default_factory=dict)     # True (drafting) / False (plain) -> tokens/s
+    tokens: dict = field(default_factory=dict)   # per arm: weighted mean tokens of a step
+    seconds: dict = field(default_factory=dict)  # ... and seconds of a step (rate: their ratio)
+    count: dict = field(default_factory=dict)    # steps recorded per arm
     steps: int = 0
-    probe: bool | None = None   # the arm the last allow() probed, until a step is recorded
+    probe: bool | None = None   # the arm being probed (allow()), until its last step is recorded
+    probe_n: int = 0            # the probe's steps recorded so far
     interval: int = 0           # steps from one probe to the next (0: not set yet)
     next_probe: int = 0         # the step (count of allow() calls) that probes next
     probe_step: int = 0         # the step of the last probe
-    burst: int = 0              # drafting steps still to allow for the probe or exploration
+    burst: int = 0              # drafting steps still to allow for the probe
     probe_loss: float = 0.0     # seconds the drafting probe in flight cost over plain steps
 
 
@@ -60,21 +65,29 @@ class LoadGate:
     """Per batch-size bucket: exponentially weighted tokens/s of drafting and of plain steps.
 
     Args:
-        probe_every: one step in this many takes the arm the gate would not choose (>= 2; two
-            steps for drafting), as long as probes overturn the choice; each probe that confirms
-            it doubles the interval, up to ``max_probe_every`` (default 4 x ``probe_every``);
+        probe_every: one step in this many takes the arm the gate would not choose (at least
+            2 x ``probe_steps``; ``probe_steps`` steps for drafting), as long as probes overturn the choice; each
+            probe that confirms it doubles the interval, up to ``max_probe_every`` (default
+            4 x ``probe_every``);
         decay: weight of the old figure when a step of the same arm is recorded (0..1);
         probe_budget: the most a lost drafting probe may cost, as a fraction of the plain
-            decoding time until the next one (module doc), up to ``64 x probe_every`` steps.
+            decoding time until the next one (module doc), up to ``64 x probe_every`` steps;
+        probe_steps: steps a drafting probe runs (>= 2: the first is a switch, the others are
+            its measure, their tokens over their seconds).
     """
 
-    def __init__(self, probe_every: int = 32, decay: float = 0.8,
-                 max_probe_every: int | None = None, probe_budget: float = 0.03):
-        if probe_every < 2:
-            raise ValueError(f"probe_every must be at least 2, got {probe_every}")
+    def __init__(self, probe_every: int = 32, decay: float = 0.9,
+                 max_probe_every: int | None = None, probe_budget: float = 0.03,
+                 probe_steps: int = 4):
+        if probe_steps < 2:
+            raise ValueError(f"probe_steps must be at least 2, got {probe_steps}")
+        if probe_every < 2 * probe_steps:   # else a drafting probe that wins is probed back
+            raise ValueError(f"probe_every must be at least 2 x probe_steps ({probe_steps}), "
+                             f"got {probe_every}")
         if probe_budget <= 0:
             raise ValueError(f"probe_budget must be positive, got {probe_budget}")
         self.probe_every, self.decay, self.probe_budget = probe_every, decay, probe_budget
+        self.probe_steps = probe_steps
         self.max_probe_every = max(probe_every, max_probe_every or 4 * probe_every)
         self._buckets: dict[int, _Bucket] = {}
 
@@ -97,9 +110,10 @@ class LoadGate:
             b = self._buckets[key] = _Bucket()
             measured = [k for k, o in self._buckets.items() if k < key and len(o.rate) == 2]
             if measured:
-                near = self._buckets[max(measured)].rate
-                if near[True] < near[False]:
-                    b.rate = dict(near)
+                near = self._buckets[max(measured)]
+                if near.rate[True] < near.rate[False]:
+                    b.rate, b.tokens = dict(near.rate), dict(near.tokens)
+                    b.seconds = dict(near.seconds)
         return b
 
     def allow(self, num_seqs: int) -> bool:
@@ -115,15 +129,16 @@ class LoadGate:
         if due:
             b.next_probe = b.steps + b.interval
         spec, plain = b.rate.get(True), b.rate.get(False)
-        if spec is None or plain is None:   # explore: drafting twice (the first is a switch),
-            b.burst = 1 if b.steps % 3 == 1 else 0    # then plain; steps with a prefill chunk
-            return b.steps % 3 != 0                   # are not recorded, so never lock in
-        choice = spec >= plain
-        if due:
-            b.probe, b.probe_step = not choice, b.steps
-            b.burst = 1 if b.probe else 0
-            return b.probe
-        return choice
+        if spec is None or plain is None:   # explore: probe the arm not measured yet (again
+            return self._start_probe(b, spec is None)   # until a step of it is recorded:
+        choice = spec >= plain                          # steps with prefill chunks are not)
+        return self._start_probe(b, not choice) if due else choice
+
+    def _start_probe(self, b: _Bucket, arm: bool) -> bool:
+        """Probe ``arm`` from this step: ``probe_steps`` steps for drafting, one plain."""
+        b.probe, b.probe_n, b.probe_step = arm, 0, b.steps
+        b.burst = self.probe_steps - 1 if arm else 0
+        return arm
 
     def exploring(self, num_seqs: int) -> bool:
         """Whether the step ``allow`` just let draft with ``num_seqs`` sequences is there to
@@ -135,8 +150,9 @@ class LoadGate:
     def record(self, num_seqs: int, drafted: bool, tokens: int, seconds: float,
                switch: bool = False) -> None:
         """A decode step of ``num_seqs`` sequences emitted ``tokens`` tokens in ``seconds``
-        (whole engine step: drafting, forward, verification, output). ``switch``: a drafting
-        step right after a step without drafts (not recorded: see the module doc)."""
+        (the engine's wall time from the previous step's end: drafting, forward,
+        verification, output); ``drafted``: the gate let it draft. ``switch``: it let this
+        step draft and vetoed the one before (not recorded: see the module doc)."""
         if seconds <= 0 or tokens <= 0:
             return
         b = self._get(num_seqs)
@@ -146,18 +162,27 @@ class LoadGate:
             return
         n = b.count[drafted] = b.count.get(drafted, 0) + 1
         # a plain mean over the first steps (one slow first step must not decide for long), then
-        # exponential forgetting; a probe's step replaces its arm's figure, which is stale by
-        # then (the requests and their acceptance may have changed since: blended in, one probe
-        # in 32 took ~100 steps to lift a veto learned from a request that accepted nothing).
-        # Only a step of the probed arm takes the mark: under async scheduling the plain step
-        # still in flight is recorded first, when the drafting probe drains it.
+        # exponential forgetting, of tokens and of seconds: their ratio weighs each step by its
+        # time, as the requests wait it (a mean of per-step rates would let a fast step with
+        # many accepted drafts outweigh slow ones). A probe's steps replace their arm's
+        # figure with their own mean: it is stale by then (the requests and their acceptance
+        # may have changed since: blended in, one probe in 32 took ~100 steps to lift a veto
+        # learned from a request that accepted nothing). Only a step of the probed arm takes
+        # part: under async scheduling the plain step still in flight is recorded first, when
+        # the drafting probe drains it.
         probe = b.probe == drafted
         if probe:
+            b.probe_n += 1
+            w = 1.0 / b.probe_n
+        else:
+            w = max(1.0 / n, 1.0 - self.decay)
+        mean_t = b.tokens.get(drafted, 0.0)
+        mean_s = b.seconds.get(drafted, 0.0)
+        b.tokens[drafted] = mean_t = mean_t + w * (tokens - mean_t)
+        b.seconds[drafted] = mean_s = mean_s + w * (seconds - mean_s)
+        b.rate[drafted] = mean_t / mean_s
+        if probe and not b.burst:   # the probe's last step
             b.probe = None
-        w = 1.0 if probe else max(1.0 / n, 1.0 - self.decay)
-        old = b.rate.get(drafted, 0.0)
-        b.rate[drafted] = old + w * (tokens / seconds - old)
-        if probe:
             self._back_off(b, drafted, num_seqs)
 
     def _back_off(self, b: _Bucket, probed: bool, num_seqs: int) -> None:

@@ -34,6 +34,19 @@ from mtpserve.spec.load_gate import LoadGate
 from mtpserve.spec.shared_acceptance import SharedAcceptance
 
 
+@dataclass(frozen=True)
+class GateArm:
+    """The load gate's decision on one decode step (spec/load_gate.py), kept with the step until
+    its outcome is recorded (under async scheduling, a later step's): ``drafting``, the gate let
+    it draft (its sequences then draft what the policy gives them, maybe nothing); ``switch``,
+    it let this step draft and vetoed the decode step before (or there was none);
+    ``scouts_only``, it vetoed, and only open scouts may draft."""
+
+    drafting: bool
+    switch: bool
+    scouts_only: bool
+
+
 @dataclass
 class _Estimate:
     successes: float
@@ -80,7 +93,9 @@ class DraftLengthPolicy:
         self._costs: list[float] | None = None   # this step's C(m), m = 0..k
         self._exploring = False   # this step measures drafting: priced by the model
         self._scouts_only = False   # the gate vetoed this step: only open scouts draft
+        self._allowed = False       # the gate's say on this step
         self._open_scouts = 0       # scouts that have verified no draft yet
+        self._last_drafting = False   # step_arm's last decision: the gate let that step draft
         self._est: dict[str, _Estimate] = {}
 
     def set_batch(self, num_seqs: int) -> None:
@@ -103,7 +118,7 @@ class DraftLengthPolicy:
         finding, session 15: benchmarks/cpu_policy_sim.py)."""
         if self.gate is None:
             return True
-        allowed = self.gate.allow(self.batch)
+        allowed = self._allowed = self.gate.allow(self.batch)
         exploring = getattr(self.gate, "exploring", None)   # (a gate of one's own may lack it)
         self._exploring = allowed and exploring is not None and exploring(self.batch)
         self._scouts_only = not allowed and self._open_scouts > 0
@@ -111,18 +126,36 @@ class DraftLengthPolicy:
         self._costs = None
         return allowed or self._scouts_only
 
-    def record_step(self, num_seqs: int, drafted: bool, tokens: int, seconds: float,
-                    switch: bool = False) -> None:
-        """The outcome of a decode step of ``num_seqs`` sequences (see ``LoadGate.record``;
-        ``switch``: it drafted right after a step that did not). The step's own size, not the
-        last ``set_batch``: under async scheduling a plain step is read back while a later
-        step, of another size, is already decided. A drafting step on which only open scouts
-        drafted (the gate had vetoed it: :meth:`allow_drafts`) is not the gate's to learn from:
-        one row of 64 drafting says nothing of the whole batch drafting (a fresh review found two
-        such steps turning a 4.5x loss into a win). Drafting steps are recorded in the step that
-        ran them (synchronous), so this step's ``_scouts_only`` is theirs."""
-        if self.gate is not None and not (drafted and self._scouts_only):
-            self.gate.record(max(1, num_seqs), drafted, tokens, seconds, switch=switch)
+    def step_arm(self) -> GateArm | None:
+        """Right after :meth:`allow_drafts`: the gate's decision on this step, to be handed back
+        with the step's outcome (:meth:`record_step`); None without a gate."""
+        if self.gate is None:
+            return None
+        last, self._last_drafting = self._last_drafting, self._allowed
+        return GateArm(self._allowed, self._allowed and not last, self._scouts_only)
+
+    def record_step(self, num_seqs: int, arm: GateArm | None, tokens: int, seconds: float,
+                    synchronous: bool) -> None:
+        """The outcome of a decode step of ``num_seqs`` sequences that the gate decided ``arm``
+        on (:meth:`step_arm`): ``tokens`` emitted in ``seconds`` of the engine's wall time
+        (engine.py ``_record_for_policy``); ``synchronous``: it ran without async scheduling.
+
+        The gate learns what each of its decisions yields, not what the step happened to do: a
+        step it let draft is the drafting arm's whether or not any sequence had drafts. Filed by
+        whether drafts were verified, an n-gram proposer's steps were picked by their own text:
+        the drafting arm heard only runs of matching steps, the step after a plain one (a
+        switch, unrecorded) being most of n-gram's drafting steps in chat, while the
+        synchronous steps that found no match slowed the plain arm (session 37: chat at one
+        request 0.93x, code edits at 64 requests 0.86x on the real SmolLM2). The step's own
+        size, not the last ``set_batch``: under async scheduling a plain step is read back while
+        a later step, of another size, is already decided. A step on which only open scouts
+        could draft (the gate had vetoed it: :meth:`allow_drafts`) is not the gate's to learn
+        from unless it ran as plain steps do (overlapped): one row of 64 drafting says nothing
+        of the whole batch drafting (a fresh review found two such steps turning a 4.5x loss
+        into a win)."""
+        if self.gate is None or arm is None or (arm.scouts_only and synchronous):
+            return
+        self.gate.record(max(1, num_seqs), arm.drafting, tokens, seconds, switch=arm.switch)
 
     def _relative_cost(self, m: int) -> float:
         """Cost of a step where every sequence verifies m drafts, over a plain decode step."""
