@@ -199,10 +199,12 @@ class ScriptedGate:
     def __init__(self, pattern):
         self.pattern, self.calls, self.records, self.sized = pattern, 0, [], []
         self.switches = []   # (drafted, switch) per record
+        self.decisions = []  # what allow answered, in order
 
     def allow(self, num_seqs):
         self.calls += 1
-        return self.pattern[(self.calls - 1) % len(self.pattern)]
+        self.decisions.append(self.pattern[(self.calls - 1) % len(self.pattern)])
+        return self.decisions[-1]
 
     def exploring(self, num_seqs):
         return False   # drafts priced by the measured times, as a gate that has measured both
@@ -266,6 +268,9 @@ def test_steps_kept_plain_by_the_gate_overlap(smollm2_llm, algo, pattern, budget
         plain = [t for drafted, t in gate.records if not drafted]
         assert len(plain) >= 5 and set(plain) <= {1, 2} and plain.count(2) >= 4
         assert len(gate.records) >= gate.calls - 3   # all but the prefill and the last steps
+        # each step is filed under the gate's decision on it, in order (the n-gram proposer
+        # found no match on some steps it was let draft: they are the drafting arm's too)
+        assert [d for d, _ in gate.records] == gate.decisions[:len(gate.records)]
         # a step the gate let draft is a switch exactly when it vetoed the step before
         pairs = list(zip(gate.switches, gate.switches[1:]))
         assert all(switch == (not before) for (before, _), (drafted, switch) in pairs
@@ -341,3 +346,55 @@ def test_a_step_of_prefills_alone_does_not_consult_the_gate(smollm2_llm):
     finally:
         eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
     assert steps == 6 and gate.asked == [1] * 5
+
+
+def test_the_gates_steps_tile_the_engines_wall_time(smollm2_llm, monkeypatch):
+    """Every decode step reaches the gate with the engine's wall time from the end of the step
+    before it (recorded or not) to its own end, drafting (synchronous) and plain (overlapped)
+    steps alike, so the steps of both arms add up to the time the requests waited; the host's
+    work between engine calls (here a fixed 5 clock ticks) is in it. Timed from its own start,
+    a synchronous drafting step used to leave that work out while plain steps in a pipeline
+    carried it: the drafting arm looked faster than it was. A fake clock that ticks once per
+    read makes the intervals exact."""
+    from mtpserve.config import SpeculativeConfig
+    from mtpserve.engine import engine as engine_module
+    from mtpserve.spec import build_proposer
+    from mtpserve.spec.metrics import SpecMetrics
+
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    p = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    ticks = iter(range(10 ** 9))
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return float(next(ticks))
+
+    gate = ScriptedGate([True, True, False, False])
+    ends = []    # (clock at the record, seconds recorded)
+    record = gate.record
+
+    def timed(num_seqs, drafted, tokens, seconds, switch=False):
+        ends.append((Clock.perf_counter() - 1, seconds))   # the engine read the clock last
+        record(num_seqs, drafted, tokens, seconds, switch)
+    gate.record = timed
+    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    eng.proposer.policy.gate = gate
+    eng.spec_metrics = SpecMetrics(3)
+    monkeypatch.setattr(engine_module, "time", Clock)
+    try:
+        with async_on(llm):
+            eng.add_request("a", ids, p)
+            eng.add_request("b", ids[:-1], p)
+            while eng.has_unfinished_requests():
+                eng.step()
+                for _ in range(5):   # the caller's work between engine calls
+                    Clock.perf_counter()
+    finally:
+        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+    assert len(ends) >= 8 and set(d for d, _ in gate.records) == {True, False}
+    # each step started where the one before ended
+    starts = [now - secs for now, secs in ends]
+    assert starts[1:] == [now for now, _ in ends[:-1]]
