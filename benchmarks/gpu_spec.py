@@ -3,7 +3,10 @@
 The code-edit and chat prompt sets, greedy, up to ``--max-tokens`` tokens: at concurrency 1
 (prompts one after another) and at concurrency 64 (64 requests at once, cycling the set).
 Per-request tok/s = a request's tokens / its own wall time (at c=64: the batch's wall time);
-total tok/s = all tokens / wall time. Outputs are compared with the non-speculative ones.
+total tok/s = all tokens / wall time. ``--requests 256`` at c=64 submits 256 requests to the
+engine of 64 sequences: a continuous load, as a server at 64 concurrent requests sees, instead
+of one batch of 64 whose stragglers finish alone (n-gram finishes some requests early, and the
+rest then decode at a smaller, less efficient batch). Outputs are compared with the non-speculative ones.
 
 After each row, the n-gram engine's load gate (spec/load_gate.py): its tokens/s figures of
 drafting and plain steps per batch-size bucket, as they stand after the measured rounds, and
@@ -33,7 +36,10 @@ def chat_ids(tok, text):
                                         add_generation_prompt=True, return_dict=False))
 
 
-def run(llm, prompts, conc, max_tokens):
+def run(llm, prompts, conc, max_tokens, requests=None):
+    """One load: at ``conc`` 1 the prompts one after another; else ``requests`` requests
+    (default ``conc``) cycling the prompts, submitted at once to an engine that runs
+    ``max_num_seqs`` of them together (64 here: past that, a continuous load)."""
     p = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     if conc == 1:
         outs, per, t0 = [], [], time.perf_counter()
@@ -45,7 +51,7 @@ def run(llm, prompts, conc, max_tokens):
         wall = time.perf_counter() - t0
         per_req = sum(per) / len(per)
     else:
-        batch = [prompts[i % len(prompts)] for i in range(conc)]
+        batch = [prompts[i % len(prompts)] for i in range(requests or conc)]
         t0 = time.perf_counter()
         outs = [r.outputs[0] for r in llm.generate(batch, p)]
         wall = time.perf_counter() - t0
@@ -105,16 +111,16 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
-def compare(engines, prompts, conc, max_tokens, repeats):
+def compare(engines, prompts, conc, max_tokens, repeats, requests=None):
     """Warm-up, then ``repeats`` alternating rounds; per engine label: the median run's
     figures, plus the speedups of every round (on / off, per-request tok/s)."""
     for llm in engines.values():
-        run(llm, prompts, conc, max_tokens)
+        run(llm, prompts, conc, max_tokens, requests)
     logs = {label: GateLog(llm) for label, llm in engines.items()}
     for log in logs.values():
         log.on = True
-    rounds = [{label: run(llm, prompts, conc, max_tokens) for label, llm in engines.items()}
-              for _ in range(repeats)]
+    rounds = [{label: run(llm, prompts, conc, max_tokens, requests)
+               for label, llm in engines.items()} for _ in range(repeats)]
     for log in logs.values():
         log.on = False
     base_ids = rounds[0]["off"]["ids"]
@@ -139,6 +145,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrency", default="1,64", help="comma-separated levels")
     ap.add_argument("--sets", default="code-edit,chat")
+    ap.add_argument("--requests", type=int,
+                    help="requests per load at concurrency > 1 (default: the concurrency, one "
+                         "closed batch whose stragglers run alone at the end; more than 64 "
+                         "keeps 64 running until the last are admitted)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -152,7 +162,8 @@ def main() -> None:
     for name in a.sets.split(","):
         prompts = [chat_ids(engines["off"].tokenizer, t) for t in prompt_set(name)]
         for conc in (int(c) for c in a.concurrency.split(",")):
-            res = compare(engines, prompts, conc, a.max_tokens, a.repeats)
+            res = compare(engines, prompts, conc, a.max_tokens, a.repeats,
+                          a.requests if conc > 1 else None)
             for label, r in res.items():
                 sp, al = r["speedups"], r["acceptance_length"]
                 print(f"{name:11}{conc:5} {label:14}{r['per_request_tok_s']:10.1f}"
