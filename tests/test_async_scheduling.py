@@ -398,3 +398,40 @@ def test_the_gates_steps_tile_the_engines_wall_time(smollm2_llm, monkeypatch):
     # each step started where the one before ended
     starts = [now - secs for now, secs in ends]
     assert starts[1:] == [now for now, _ in ends[:-1]]
+
+
+def test_a_new_requests_first_drafting_step_is_a_switch_and_warmup_leaves_the_gate(
+        smollm2_llm):
+    """Two requests one after the other, the gate letting every decode step draft: each
+    request's first decode step follows a step of prefills alone, so it drafts from scratch
+    and is a switch (n-gram indexes the prompt, an MTP has nothing drafted ahead), for the
+    second request as for the first. And ``warmup`` (which serves internal requests through the
+    gate) leaves the gate's figures and the switch as they were (a review found the gate left
+    mid-probe and the next request's first drafting step filed as a probe's measure)."""
+    import copy
+
+    from mtpserve.config import SpeculativeConfig
+    from mtpserve.spec import build_proposer
+    from mtpserve.spec.load_gate import LoadGate
+    from mtpserve.spec.metrics import SpecMetrics
+
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    eng.spec_metrics = SpecMetrics(3)
+    gate = eng.proposer.policy.gate = ScriptedGate([True])
+    try:
+        llm.generate([ids], p)
+        first = len(gate.switches)
+        llm.generate([ids], p)
+        assert gate.switches[0] == (True, True) and gate.switches[first] == (True, True)
+        assert not any(switch for _, switch in gate.switches[1:first] + gate.switches[first + 1:])
+        gate = eng.proposer.policy.gate = LoadGate()
+        llm.generate([ids], p)
+        before = copy.deepcopy(vars(gate))
+        eng.warmup()
+        assert vars(gate) == before and eng.proposer.policy._last_drafting is False
+    finally:
+        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)

@@ -55,7 +55,7 @@ def test_next_token_ids_pair_each_token_with_the_one_after_it():
         s.seq.num_computed_tokens += s.num_new_tokens
     batch = _Batch([41, 10, 11, 12, 21, 22])
     sampled = torch.tensor([50, 60])                            # a's and c's tokens
-    prev = PendingStep(SchedulerOutput(), [], torch.tensor([41]), None, None, {"a": 0}, 0.0)
+    prev = PendingStep(SchedulerOutput(), [], torch.tensor([41]), None, None, {"a": 0})
     ids = next_token_ids(batch, sched, sampled, prev)
     assert ids.tolist() == [50, 11, 12, 13, 22, 60]
     # every row decodes one token: the sampled ids themselves
@@ -74,7 +74,7 @@ def test_next_token_ids_take_a_pending_token_after_a_prefill_chunk():
     assert not sched.scheduled[0].samples
     d.num_computed_tokens = 3
     prev = PendingStep(SchedulerOutput(), [], torch.tensor([90, 91]), None, None,
-                       {"x": 0, "d": 1}, 0.0)
+                       {"x": 0, "d": 1})
     ids = next_token_ids(_Batch([5, 6, 7]), sched, torch.empty(0, dtype=torch.int64), prev)
     assert ids.tolist() == [6, 7, 91]
     with pytest.raises(RuntimeError, match="request d: placeholder without a pending token"):

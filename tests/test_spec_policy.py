@@ -350,6 +350,50 @@ def test_probes_that_confirm_the_veto_come_ever_less_often():
     assert decisions == [True] * 4 + [False] + [True] * 3
 
 
+def test_a_probe_whose_last_step_is_not_recorded_is_closed_on_what_it_heard():
+    """A drafting probe's last step may never reach the gate (a prefill chunk in it, no tokens,
+    a batch of another bucket's size). The next step closes the probe and backs off on the
+    steps it did hear: a lost probe spaces the next by its cost, as a whole probe would, and
+    the cost is not carried into the probe after (a review: the probe stayed open, the
+    interval stayed at 32 and the cost grew)."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    def lost_probe(record_last: bool):
+        g = LoadGate(probe_every=16)
+        g.record(1, True, tokens=1, seconds=1 / 200)
+        g.record(1, False, tokens=1, seconds=1 / 500)   # measured: drafting loses
+        assert [g.allow(1) for _ in range(16)] == [False] * 15 + [True]   # probe at 16
+        g.record(1, True, tokens=1, seconds=1 / 200, switch=True)
+        for i in range(3):
+            assert g.allow(1) is True
+            if i < 2 or record_last:
+                g.record(1, True, tokens=1, seconds=1 / 200)
+        b = g._buckets[0]
+        steps = 19
+        while not g.allow(1):
+            steps += 1
+        return steps + 1 - 16, b
+
+    whole, _ = lost_probe(True)
+    cut, b = lost_probe(False)
+    # lost 4 x (1/200 - 1/500) s against a 1/500 s plain step: 200 steps at the 3% budget
+    # whole; the cut probe's 3 recorded steps, switch included, cost 150
+    assert (whole, cut) == (200, 150)
+    assert b.probe is True and b.probe_loss == 0.0 and b.probe_n == 0   # the new probe
+
+
+def test_exploring_alternates_drafting_and_plain_probes():
+    """Until both arms are measured, drafting probes and plain steps take turns, also when no
+    drafting step is ever recorded (every one carried a prefill chunk): the bucket does not
+    draft on every step, and plain gets measured."""
+    from mtpserve.spec.load_gate import LoadGate
+
+    g = LoadGate(probe_every=16)
+    assert [g.allow(1) for _ in range(10)] == [True] * 4 + [False] + [True] * 4 + [False]
+    g.record(1, False, tokens=1, seconds=1 / 500)
+    assert g.rates(1) == (None, pytest.approx(500.0))
+
+
 def test_a_lost_drafting_probe_is_spaced_by_what_it_cost():
     """Past the doubling cap, a drafting probe that lost comes back only once its cost is within
     3% of the plain decoding time in between. H200 figures, every draft rejected: at batch 1 the

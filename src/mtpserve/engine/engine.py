@@ -131,6 +131,8 @@ class LLMEngine:
             self._drop(seq)
             seq.finish("abort")
             self.num_aborted += 1
+            if not self.has_unfinished_requests():
+                self._idle()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._pending is not None
@@ -152,16 +154,36 @@ class LLMEngine:
             # spend a due probe of the load gate for nothing, and with request lengths that are
             # a multiple of the probe interval every probe after it too)
             allowed = self.proposer.allow_drafts(len(decoding)) if decoding else False
-            if decoding and self.proposer.policy is not None:
-                arm = self.proposer.policy.step_arm()
+            arm = self._gate_arm(bool(decoding))
         if self._can_overlap(decoding, allowed):
-            outputs = self._overlapped_step(t0, decoding, allowed, arm)
+            outputs = self._overlapped_step(decoding, allowed, arm)
         else:   # drain: this step needs every token on the host
             outputs = self._resolve() if self._pending is not None else []
             outputs += self._sync_step(allowed, arm)
         if not self.has_unfinished_requests():
-            self._done_at = None   # idle from here: not a step's time
+            self._idle()
         return outputs
+
+    def _gate_arm(self, decodes: bool):
+        """The load gate's decision on this step (spec/policy.py ``GateArm``), for a step with
+        ``decodes`` sequences past prefill; None without a gate or for a step of prefills
+        alone (which also ends the gate's run of drafting steps: the next is a switch)."""
+        policy = getattr(self.proposer, "policy", None)
+        step_arm = getattr(policy, "step_arm", None)   # (a policy of one's own may lack it)
+        if step_arm is None:
+            return None
+        if not decodes:
+            policy.reset_switch()
+            return None
+        return step_arm()
+
+    def _idle(self) -> None:
+        """Nothing left to run: the time until the next request is no step's, and the next
+        step that drafts starts from scratch (a switch)."""
+        self._done_at = None
+        reset = getattr(getattr(self.proposer, "policy", None), "reset_switch", None)
+        if reset is not None:
+            reset()
 
     def _sync_step(self, allowed: bool | None, arm=None) -> list[RequestOutput]:
         """One step run to its end on the host (drafts proposed, verified, appended); ``arm``:
@@ -223,12 +245,11 @@ class LLMEngine:
                 and (p is None or ((p.skips_steps or p.observes_launched)
                                    and p.drafts_nothing(decoding, allowed))))
 
-    def _overlapped_step(self, t0: float, decoding: list[Sequence],
-                         allowed: bool | None, arm=None) -> list[RequestOutput]:
+    def _overlapped_step(self, decoding: list[Sequence], allowed: bool | None,
+                         arm=None) -> list[RequestOutput]:
         """Launch a step (its input ids for pending tokens taken on the device), then read back
         and post-process the previous step while this one runs; return that step's deltas.
-        ``t0``: when this call began (perf_counter seconds); ``decoding``, ``allowed``: the
-        sequences past prefill and the gate's say, for the proposer's propose (which drafts
+        ``decoding``, ``allowed``: the sequences past prefill and the gate's say, for the proposer's propose (which drafts
         nothing here: ``_can_overlap``; the policy still counts the step); ``arm``: the load
         gate's decision on it, recorded when it is read back."""
         self._drafted = False
@@ -253,7 +274,7 @@ class LLMEngine:
         observe = self.proposer is not None and self.proposer.observes_launched
         if observe:   # the ids after each token, while the previous step's are still pending
             next_ids = next_token_ids(batch, sched, result.token_ids, self._pending)
-        launched = PendingStep.launch(sched, sampling, result, t0, arm)
+        launched = PendingStep.launch(sched, sampling, result, arm)
         if observe:   # queued behind the copy of the sampled ids: reading them back won't wait
             self.proposer.observe_launched(sched, hidden, next_ids)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
@@ -391,13 +412,15 @@ class LLMEngine:
         readiness (CUDA loads a kernel's module at its first launch: the first drafting step of
         the hybrid MTP engine took 46-73 ms on the H200, sessions 12-16, 20 ms of it in one
         ``repeat``). What they taught is forgotten: the pooled acceptance (they are neither
-        evidence nor benched or scout requests on /metrics), the spec metrics and the step
-        timer are as they were."""
+        evidence nor benched or scout requests on /metrics), the spec metrics, the step timer
+        and the load gate are as they were."""
         pool, m = self.spec_metrics.pool, self.spec_metrics
         counts = (m.num_draft_tokens, m.num_accepted_tokens, m.num_verify_steps,
                   list(m.accepted_per_step))
         pooled = pool.snapshot() if pool is not None else None
         timer = copy.deepcopy(vars(self.step_timer))
+        gate = getattr(getattr(self.proposer, "policy", None), "gate", None)
+        gate_state = copy.deepcopy(vars(gate)) if gate is not None else None
         ids = self.tokenizer.encode("Hello") or [0]
         self._serve_internal(ids, SamplingParams(max_tokens=2, temperature=0.0))
         # two drafting steps' worth of tokens, within the context (a tiny one drafts less)
@@ -416,6 +439,9 @@ class LLMEngine:
         (m.num_draft_tokens, m.num_accepted_tokens, m.num_verify_steps,
          m.accepted_per_step) = counts
         vars(self.step_timer).update(timer)
+        if gate is not None:
+            vars(gate).update(gate_state)
+        self._idle()
 
     def _serve_internal(self, ids: list[int], params: SamplingParams) -> None:
         """One internal request of prompt ``ids`` stepped to its end."""

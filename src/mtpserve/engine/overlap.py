@@ -63,8 +63,7 @@ class PendingStep:
     ``sched``: the step's schedule; ``sampling``: its (scheduled sequence, logits row) pairs in
     row order; ``tokens``: sampled ids ``[N]`` int64 on the device (the next step reads them
     there); ``host``: their copy on its way to the host; ``logprobs``: per row, as the sampler
-    returned them; ``row_of``: request id -> row; ``launched_at``: perf_counter seconds when
-    the engine call that launched it began; ``arm``: the load gate's decision on it
+    returned them; ``row_of``: request id -> row; ``arm``: the load gate's decision on it
     (spec/policy.py ``GateArm``; None: no gate, or a step of prefills alone).
     """
 
@@ -74,12 +73,11 @@ class PendingStep:
     host: HostCopy
     logprobs: list | None
     row_of: dict[str, int]
-    launched_at: float
     arm: object = None
 
     @classmethod
     def launch(cls, sched: SchedulerOutput, sampling: list[tuple[ScheduledSeq, int]],
-               result: SamplerOutput, launched_at: float, arm=None) -> "PendingStep":
+               result: SamplerOutput, arm=None) -> "PendingStep":
         """Start copying ``result.token_ids`` to the host and give each sampling sequence its
         placeholder token."""
         tokens = result.token_ids
@@ -87,7 +85,7 @@ class PendingStep:
         for s, _ in sampling:
             s.seq.add_placeholder()
         row_of = {s.seq.request_id: i for i, (s, _) in enumerate(sampling)}
-        return cls(sched, sampling, tokens, host, result.logprobs, row_of, launched_at, arm)
+        return cls(sched, sampling, tokens, host, result.logprobs, row_of, arm)
 
     def token_ids(self) -> list[int]:
         """The sampled ids as a host list (waits for the step's copy)."""

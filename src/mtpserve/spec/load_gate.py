@@ -11,16 +11,18 @@ arms, whether or not a step it let draft found anything to draft: policy.py ``re
 per batch-size bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster (an
 epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2):
 
-- A new bucket explores until both arms are measured: two drafting steps, one plain, again.
-- After that, when a probe is due, one step runs the other way (two for drafting), and its figure
+- A new bucket explores until both arms are measured: a drafting probe, a plain step, again.
+- After that, when a probe is due, the other arm is probed: ``probe_steps`` steps (4) for
+  drafting, one for plain. The probe's figure (its recorded steps' tokens over their seconds)
   replaces that arm's stale one, so both stay current as the load and the requests' acceptance
-  change.
+  change. Three measured steps, not one: where only some steps find drafts (n-gram), one
+  step's figure is a coin toss.
 - A step the gate lets draft right after one it vetoed is a *switch* and is not recorded
   (``record``'s ``switch``): the proposer first catches up on the plain steps and drafts from
   scratch (H200, MTP at batch 1: 5.3-5.8 ms, against ~2.7 ms for a drafting step that follows
   another and 1.26 ms for a plain step). Weighed as the drafting arm's rate, no single-step
   probe could ever lift a veto even at 100% acceptance (4 tokens in 5.5 ms < 1 in 1.26 ms).
-  The burst's second step is what measures drafting; the switch is paid once per run of
+  The probe's later steps are what measures drafting; the switch is paid once per run of
   drafting steps.
 - A probe that confirms the choice doubles the bucket's interval to the next probe, up to
   ``max_probe_every`` (4 x by default); one that overturns it resets the interval (exponential
@@ -31,10 +33,11 @@ epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2):
 - Past that cap, a drafting probe that lost is spaced so that what it cost stays within
   ``probe_budget`` (3%) of the bucket's plain decoding time: its steps' seconds (the switch
   included) less the time plain steps take to emit the same tokens, over ``probe_budget`` x a
-  plain step's seconds, is the least interval to the next probe. At batch 1 a lost MTP probe
-  costs ~5.6 ms (5.5 + 2.6 ms against 2 x 1.26), so the next comes after ~150 steps, near the
-  cap; at 64 requests one cost ~30-70 ms against 4.4 ms plain steps (H200, session 12: the MTP
-  server 0.87x plain decoding there with every draft rejected), so probes come ~500 steps apart.
+  plain step's seconds, is the least interval to the next probe. At batch 1 a lost 4-step MTP
+  probe costs ~8.3 ms (5.5 + 3 x 2.6 ms against 4 x 1.26), so the next comes after ~220 steps;
+  at 64 requests its switch cost ~30-70 ms against 4.4 ms plain steps (H200, session 12: the
+  MTP server 0.87x plain decoding there with every draft rejected), so probes come ~500-1000
+  steps apart.
 - A new bucket whose nearest smaller measured bucket vetoes drafting starts from that bucket's
   figures instead of exploring: a verify step's relative cost only grows with the batch.
 """
@@ -58,6 +61,7 @@ class _Bucket:
     next_probe: int = 0         # the step (count of allow() calls) that probes next
     probe_step: int = 0         # the step of the last probe
     burst: int = 0              # drafting steps still to allow for the probe
+    explored: bool = False      # the arm of the last exploring probe (drafting goes first)
     probe_loss: float = 0.0     # seconds the drafting probe in flight cost over plain steps
 
 
@@ -125,20 +129,33 @@ class LoadGate:
         if b.burst:
             b.burst -= 1
             return True
+        if b.probe is True:   # a drafting probe whose last step was not recorded (a prefill
+            self._close_probe(b, num_seqs)   # chunk in it, no tokens, another bucket's size)
         due = b.steps >= b.next_probe
         if due:
             b.next_probe = b.steps + b.interval
         spec, plain = b.rate.get(True), b.rate.get(False)
-        if spec is None or plain is None:   # explore: probe the arm not measured yet (again
-            return self._start_probe(b, spec is None)   # until a step of it is recorded:
-        choice = spec >= plain                          # steps with prefill chunks are not)
-        return self._start_probe(b, not choice) if due else choice
+        if spec is None or plain is None:   # explore: drafting and plain probes in turn until
+            b.explored = not b.explored     # both are measured (steps with prefill chunks are
+            return self._start_probe(b, b.explored, num_seqs)   # not recorded: never lock in)
+        choice = spec >= plain
+        return self._start_probe(b, not choice, num_seqs) if due else choice
 
-    def _start_probe(self, b: _Bucket, arm: bool) -> bool:
-        """Probe ``arm`` from this step: ``probe_steps`` steps for drafting, one plain."""
-        b.probe, b.probe_n, b.probe_step = arm, 0, b.steps
+    def _start_probe(self, b: _Bucket, arm: bool, num_seqs: int) -> bool:
+        """Probe ``arm`` from this step: ``probe_steps`` steps for drafting, one plain. A
+        probe still open (its last step unrecorded) is closed first."""
+        if b.probe is not None:
+            self._close_probe(b, num_seqs)
+        b.probe, b.probe_n, b.probe_step, b.probe_loss = arm, 0, b.steps, 0.0
         b.burst = self.probe_steps - 1 if arm else 0
         return arm
+
+    def _close_probe(self, b: _Bucket, num_seqs: int) -> None:
+        """End the probe in flight: back off on what its recorded steps said, if any did."""
+        probed, b.probe = b.probe, None
+        if b.probe_n:
+            self._back_off(b, probed, num_seqs)
+        b.probe_n, b.probe_loss = 0, 0.0
 
     def exploring(self, num_seqs: int) -> bool:
         """Whether the step ``allow`` just let draft with ``num_seqs`` sequences is there to
@@ -182,8 +199,7 @@ class LoadGate:
         b.seconds[drafted] = mean_s = mean_s + w * (seconds - mean_s)
         b.rate[drafted] = mean_t / mean_s
         if probe and not b.burst:   # the probe's last step
-            b.probe = None
-            self._back_off(b, drafted, num_seqs)
+            self._close_probe(b, num_seqs)
 
     def _back_off(self, b: _Bucket, probed: bool, num_seqs: int) -> None:
         """After a probe of the arm ``probed`` was recorded: double the interval to the next

@@ -134,6 +134,13 @@ class DraftLengthPolicy:
         last, self._last_drafting = self._last_drafting, self._allowed
         return GateArm(self._allowed, self._allowed and not last, self._scouts_only)
 
+    def reset_switch(self) -> None:
+        """A step ran without asking the gate (prefills alone), or the engine idled: the next
+        step it lets draft is a switch, drafting from scratch (the MTP without drafts made
+        ahead, catching up on the prompt; a draft model prefilling its copy of it; n-gram
+        indexing it)."""
+        self._last_drafting = False
+
     def record_step(self, num_seqs: int, arm: GateArm | None, tokens: int, seconds: float,
                     synchronous: bool) -> None:
         """The outcome of a decode step of ``num_seqs`` sequences that the gate decided ``arm``
