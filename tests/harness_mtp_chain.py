@@ -34,9 +34,6 @@ class Budgets:
 
     def record(self, *args, **kwargs) -> None: ...
 
-    def step_arm(self) -> None:
-        """No load gate: nothing to record."""
-
     def record_step(self, *args, **kwargs) -> None: ...
 
     def forget(self, seq) -> None: ...

@@ -168,22 +168,22 @@ class LLMEngine:
         """The load gate's decision on this step (spec/policy.py ``GateArm``), for a step with
         ``decodes`` sequences past prefill; None without a gate or for a step of prefills
         alone (which also ends the gate's run of drafting steps: the next is a switch)."""
-        policy = getattr(self.proposer, "policy", None)
-        step_arm = getattr(policy, "step_arm", None)   # (a policy of one's own may lack it)
-        if step_arm is None:
-            return None
         if not decodes:
-            policy.reset_switch()
+            self._policy_call("reset_switch")
             return None
-        return step_arm()
+        return self._policy_call("step_arm")
 
     def _idle(self) -> None:
         """Nothing left to run: the time until the next request is no step's, and the next
         step that drafts starts from scratch (a switch)."""
         self._done_at = None
-        reset = getattr(getattr(self.proposer, "policy", None), "reset_switch", None)
-        if reset is not None:
-            reset()
+        self._policy_call("reset_switch")
+
+    def _policy_call(self, name: str):
+        """The draft-length policy's method ``name`` called, if there is a policy with one (a
+        policy of one's own may lack it); its result, else None."""
+        method = getattr(getattr(self.proposer, "policy", None), name, None)
+        return method() if method is not None else None
 
     def _sync_step(self, allowed: bool | None, arm=None) -> list[RequestOutput]:
         """One step run to its end on the host (drafts proposed, verified, appended); ``arm``:
