@@ -3,7 +3,9 @@
 The code-edit and chat prompt sets, greedy, up to ``--max-tokens`` tokens: at concurrency 1
 (prompts one after another) and at concurrency 64 (64 requests at once, cycling the set).
 Per-request tok/s = a request's tokens / its own wall time (at c=64: the batch's wall time);
-total tok/s = all tokens / wall time. ``--requests 256`` at c=64 submits 256 requests to the
+total tok/s = all tokens / wall time; decode tok/s = the mean over requests of each one's tokens
+after its first over the time from its first delta to its last (at c=1, per-request tok/s: the
+speedup a user of that load sees, queueing and prefill apart). ``--requests 256`` at c=64 submits 256 requests to the
 engine of 64 sequences: a continuous load, as a server at 64 concurrent requests sees, instead
 of one batch of 64 whose stragglers finish alone (n-gram finishes some requests early, and the
 rest then decode at a smaller, less efficient batch). Outputs are compared with the non-speculative ones.
@@ -50,18 +52,53 @@ def run(llm, prompts, conc, max_tokens, requests=None):
             outs.append(o)
         wall = time.perf_counter() - t0
         per_req = sum(per) / len(per)
+        decode = per
     else:
         batch = [prompts[i % len(prompts)] for i in range(requests or conc)]
         t0 = time.perf_counter()
-        outs = [r.outputs[0] for r in llm.generate(batch, p)]
+        with DeltaClock(llm) as clock:
+            outs = [r.outputs[0] for r in llm.generate(batch, p)]
         wall = time.perf_counter() - t0
         per_req = sum(len(o.token_ids) for o in outs) / len(outs) / wall
+        decode = clock.decode_rates()
     n = sum(len(o.token_ids) for o in outs)
     steps = sum(o.spec.num_verify_steps for o in outs if o.spec)
     acc = sum(o.spec.num_accepted_tokens for o in outs if o.spec)
     return {"per_request_tok_s": per_req, "total_tok_s": n / wall,
+            "decode_tok_s": sum(decode) / len(decode) if decode else None,
             "acceptance_length": (acc + steps) / steps if steps else None,
             "ids": [o.token_ids for o in outs]}
+
+
+class DeltaClock:
+    """While entered, times each request's deltas as ``llm``'s engine returns them: per
+    request, when its first tokens came and its last, and how many it had then."""
+
+    def __init__(self, llm):
+        self.engine, self.seen = llm.engine, {}
+
+    def __enter__(self) -> "DeltaClock":
+        step = self.engine.step
+
+        def timed():
+            outs = step()
+            now = time.perf_counter()
+            for o in outs:
+                if o.new_token_ids:
+                    first = self.seen.get(o.request_id, (now,))[0]
+                    self.seen[o.request_id] = (first, now, o.num_output_tokens)
+            return outs
+        self.engine.step = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.engine.step
+
+    def decode_rates(self) -> list[float]:
+        """Per request: tokens after its first over the seconds from its first delta to its
+        last (its own decode speed, queueing and prefill apart)."""
+        return [(n - 1) / (last - first) for first, last, n in self.seen.values()
+                if n > 1 and last > first]
 
 
 def gate_figures(llm) -> dict:
@@ -131,6 +168,8 @@ def compare(engines, prompts, conc, max_tokens, repeats, requests=None):
         mid["same_as_off"] = all(r[label]["ids"] == base_ids for r in rounds)
         mid["speedups"] = [r[label]["per_request_tok_s"] / r["off"]["per_request_tok_s"]
                            for r in rounds]
+        mid["decode_speedups"] = [r[label]["decode_tok_s"] / r["off"]["decode_tok_s"]
+                                  for r in rounds]
         mid.pop("ids")
         mid["gate"] = gate_figures(engines[label])
         mid["gate_log"] = logs[label].table()
@@ -158,7 +197,7 @@ def main() -> None:
                                      speculative_num_steps=a.k, **kw)}
     results = {}
     print(f"{'set':11}{'conc':>5} {'config':14}{'req tok/s':>10}{'total tok/s':>12}"
-          f"{'speedup':>9}{'range':>12}{'acc.len':>8}  same")
+          f"{'speedup':>9}{'range':>12}{'decode x':>9}{'acc.len':>8}  same")
     for name in a.sets.split(","):
         prompts = [chat_ids(engines["off"].tokenizer, t) for t in prompt_set(name)]
         for conc in (int(c) for c in a.concurrency.split(",")):
@@ -169,6 +208,7 @@ def main() -> None:
                 print(f"{name:11}{conc:5} {label:14}{r['per_request_tok_s']:10.1f}"
                       f"{r['total_tok_s']:12.0f}{median(sp):9.2f}"
                       f"{f'{min(sp):.2f}-{max(sp):.2f}':>12}"
+                      f"{median(r['decode_speedups']):9.2f}"
                       f"{'' if al is None else f'{al:.2f}':>8}  {r['same_as_off']}")
                 results[f"{name}/c{conc}/{label}"] = r
                 for bucket, g in r["gate"].items():
