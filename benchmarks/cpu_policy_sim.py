@@ -22,13 +22,13 @@ off for good; a fresh review found it with the first version of this script).
 
     python benchmarks/cpu_policy_sim.py --phases 1:0.9:2000 64:0:3000 1:0:3000 1:0.9:20000
 
-Each phase is ``LOAD:ACCEPT:STEPS[:OVERHEAD_MS]`` (running requests, per-draft acceptance,
-engine steps, and a drafting overhead other than ``--draft-overhead-ms``, e.g. a slow spell of
-the host); ACCEPT ``=J`` accepts exactly the first J drafts of every verify (as
-``gpu_mtp_speedup.py`` forces them), else each draft is accepted with that probability. Prints, per phase: decode
-tokens/s under the step-time model, steps, drafting steps, requests started (normal / scout /
-benched), scout steps (a scout decoding in a step: the MTP observes it), the pooled acceptance,
-the gate's measured tokens/s at batch 1 (drafting, plain) and the scout interval.
+Each phase is ``LOAD:ACCEPT:STEPS[:OVERHEAD_MS]`` (running requests, per-draft acceptance, engine
+steps, and a drafting overhead other than ``--draft-overhead-ms``, e.g. a slow spell of the host);
+ACCEPT ``=J`` accepts exactly the first J drafts of every verify (as ``gpu_mtp_speedup.py`` forces
+them), else each draft is accepted with that probability. Prints, per phase: decode tokens/s under
+the step-time model, steps, drafting steps, requests started (normal / scout / benched), scout steps
+(a scout decoding in a step: the MTP observes it), the pooled acceptance, the gate's measured
+tokens/s at batch 1 (drafting, plain) and the scout interval.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 The code-edit and chat prompt sets, greedy, up to ``--max-tokens`` tokens: at concurrency 1
 (prompts one after another) and at concurrency 64 (64 requests at once, cycling the set).
-Per-request tok/s = a request's tokens / its own wall time (at c=64: the batch's wall time);
-total tok/s = all tokens / wall time; decode tok/s = the mean over requests of each one's tokens
-after its first over the time from its first delta to its last (at c=1, per-request tok/s: the
-speedup a user of that load sees, queueing and prefill apart). ``--requests 256`` at c=64 submits 256 requests to the
-engine of 64 sequences: a continuous load, as a server at 64 concurrent requests sees, instead
-of one batch of 64 whose stragglers finish alone (n-gram finishes some requests early, and the
-rest then decode at a smaller, less efficient batch). Outputs are compared with the non-speculative ones.
+Per-request tok/s = a request's tokens / its own wall time (at c=64: the batch's wall time); total
+tok/s = all tokens / wall time; decode tok/s = the mean over requests of each one's tokens after its
+first over the time from its first delta to its last (at c=1, per-request tok/s: the speedup a user
+of that load sees, queueing and prefill apart). ``--requests 256`` at c=64 submits 256 requests to
+the engine of 64 sequences: a continuous load, as a server at 64 concurrent requests sees, instead
+of one batch of 64 whose stragglers finish alone (n-gram finishes some requests early, and the rest
+then decode at a smaller, less efficient batch). Outputs are compared with the non-speculative ones.
 
 After each row, the n-gram engine's load gate (spec/load_gate.py): its tokens/s figures of
 drafting and plain steps per batch-size bucket, as they stand after the measured rounds, and

@@ -306,13 +306,13 @@ def test_load_gate_vetoes_drafting_where_plain_steps_are_faster():
 
 
 def test_a_probe_replaces_its_arms_stale_figure():
-    """Drafting lost while a request accepted nothing (300 vs 500 tok/s); a new request that
-    accepts everything is probed at 1500 tok/s: the probe's figure replaces the old one
-    (blended at 0.1 a step it would be 325 after the probe's steps and the veto would hold
-    for further probes), so drafting resumes at once. A plain step recorded during the probe
-    (under async scheduling, the plain step that the probe's switch drained) is blended as
-    usual and leaves the probe to the drafting steps. A drafting step after the probe is blended by its tokens and
-    seconds (ratio of the means: 1354 tok/s here, where a mean of the rates would say 1380)."""
+    """Drafting lost while a request accepted nothing (300 vs 500 tok/s); a new request that accepts
+    everything is probed at 1500 tok/s: the probe's figure replaces the old one (blended at 0.1 a
+    step it would be 325 after the probe's steps and the veto would hold for further probes), so
+    drafting resumes at once. A plain step recorded during the probe (under async scheduling, the
+    plain step that the probe's switch drained) is blended as usual and leaves the probe to the
+    drafting steps. A drafting step after the probe is blended by its tokens and seconds (ratio of
+    the means: 1354 tok/s here, where a mean of the rates would say 1380)."""
     from mtpserve.spec.load_gate import LoadGate
 
     g = LoadGate(probe_every=8, probe_budget=1.0)   # the probe budget never binds here

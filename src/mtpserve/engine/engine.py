@@ -249,9 +249,9 @@ class LLMEngine:
                          arm=None) -> list[RequestOutput]:
         """Launch a step (its input ids for pending tokens taken on the device), then read back
         and post-process the previous step while this one runs; return that step's deltas.
-        ``decoding``, ``allowed``: the sequences past prefill and the gate's say, for the proposer's propose (which drafts
-        nothing here: ``_can_overlap``; the policy still counts the step); ``arm``: the load
-        gate's decision on it, recorded when it is read back."""
+        ``decoding``, ``allowed``: the sequences past prefill and the gate's say, for the proposer's
+        propose (which drafts nothing here: ``_can_overlap``; the policy still counts the step);
+        ``arm``: the load gate's decision on it, recorded when it is read back."""
         self._drafted = False
         for seq in self.scheduler.running:   # drafts a budget-limited step left unscheduled
             seq.draft_token_ids, seq.draft_probs = [], None

@@ -5,11 +5,11 @@ The draft-length policy (policy.py) prices a verify step from the captured graph
 plus a learned host time per sequence and per draft. Host work that does not scale that way
 (proposing, verifying and appending for many requests at once) can still make speculation slower
 than plain decoding at high load: measured on the H200 with n-gram drafts at 64 concurrent
-requests, 0.53x. This gate measures what matters instead — tokens emitted per second of the
-engine's wall time — separately for the steps it let draft and the steps it vetoed (its two
-arms, whether or not a step it let draft found anything to draft: policy.py ``record_step``),
-per batch-size bucket (powers of two), and vetoes drafting in a bucket where plain steps are faster (an
-epsilon-greedy two-armed bandit, Sutton & Barto 2018, sec. 2.2):
+requests, 0.53x. This gate measures what matters instead — tokens emitted per second of the engine's
+wall time — separately for the steps it let draft and the steps it vetoed (its two arms, whether or
+not a step it let draft found anything to draft: policy.py ``record_step``), per batch-size bucket
+(powers of two), and vetoes drafting in a bucket where plain steps are faster (an epsilon-greedy
+two-armed bandit, Sutton & Barto 2018, sec. 2.2):
 
 - A new bucket explores until both arms are measured: a drafting probe, a plain step, again.
 - After that, when a probe is due, the other arm is probed: ``probe_steps`` steps (4) for
@@ -69,10 +69,10 @@ class LoadGate:
     """Per batch-size bucket: exponentially weighted tokens/s of drafting and of plain steps.
 
     Args:
-        probe_every: one step in this many takes the arm the gate would not choose (at least
-            2 x ``probe_steps``; ``probe_steps`` steps for drafting), as long as probes overturn the choice; each
-            probe that confirms it doubles the interval, up to ``max_probe_every`` (default
-            4 x ``probe_every``);
+        probe_every: one step in this many takes the arm the gate would not choose (at least 2 x
+            ``probe_steps``; ``probe_steps`` steps for drafting), as long as probes overturn the
+            choice; each probe that confirms it doubles the interval, up to ``max_probe_every``
+            (default 4 x ``probe_every``);
         decay: weight of the old figure when a step of the same arm is recorded (0..1);
         probe_budget: the most a lost drafting probe may cost, as a fraction of the plain
             decoding time until the next one (module doc), up to ``64 x probe_every`` steps;
