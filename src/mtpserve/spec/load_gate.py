@@ -50,9 +50,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Bucket:
-    rate: dict = field(default_factory=dict)     # True (drafting) / False (plain) -> tokens/s
-    tokens: dict = field(default_factory=dict)   # per arm: weighted mean tokens of a step
-    seconds: dict = field(default_factory=dict)  # ... and seconds of a step (rate: their ratio)
+    tokens: dict = field(default_factory=dict)   # True (drafting) / False (plain) -> weighted
+    seconds: dict = field(default_factory=dict)  # mean tokens of a step, and seconds of a step
     count: dict = field(default_factory=dict)    # steps recorded per arm
     steps: int = 0
     probe: bool | None = None   # the arm being probed (allow()), until its last step is recorded
@@ -63,6 +62,11 @@ class _Bucket:
     burst: int = 0              # drafting steps still to allow for the probe
     explored: bool = False      # the arm of the last exploring probe (drafting goes first)
     probe_loss: float = 0.0     # seconds the drafting probe in flight cost over plain steps
+
+    @property
+    def rate(self) -> dict:
+        """Per measured arm: tokens/s, its mean tokens over its mean seconds."""
+        return {arm: t / self.seconds[arm] for arm, t in self.tokens.items()}
 
 
 class LoadGate:
@@ -116,8 +120,7 @@ class LoadGate:
             if measured:
                 near = self._buckets[max(measured)]
                 if near.rate[True] < near.rate[False]:
-                    b.rate, b.tokens = dict(near.rate), dict(near.tokens)
-                    b.seconds = dict(near.seconds)
+                    b.tokens, b.seconds = dict(near.tokens), dict(near.seconds)
         return b
 
     def allow(self, num_seqs: int) -> bool:
@@ -173,8 +176,9 @@ class LoadGate:
         if seconds <= 0 or tokens <= 0:
             return
         b = self._get(num_seqs)
-        if drafted and b.probe is True and b.rate.get(False):   # the probe's cost, switch too
-            b.probe_loss += seconds - tokens / b.rate[False]
+        plain = b.rate.get(False)
+        if drafted and b.probe is True and plain:   # the probe's cost, switch too
+            b.probe_loss += seconds - tokens / plain
         if drafted and switch:
             return
         n = b.count[drafted] = b.count.get(drafted, 0) + 1
@@ -195,9 +199,8 @@ class LoadGate:
             w = max(1.0 / n, 1.0 - self.decay)
         mean_t = b.tokens.get(drafted, 0.0)
         mean_s = b.seconds.get(drafted, 0.0)
-        b.tokens[drafted] = mean_t = mean_t + w * (tokens - mean_t)
-        b.seconds[drafted] = mean_s = mean_s + w * (seconds - mean_s)
-        b.rate[drafted] = mean_t / mean_s
+        b.tokens[drafted] = mean_t + w * (tokens - mean_t)
+        b.seconds[drafted] = mean_s + w * (seconds - mean_s)
         if probe and not b.burst:   # the probe's last step
             self._close_probe(b, num_seqs)
 
@@ -206,8 +209,9 @@ class LoadGate:
         probe if the other arm is still the faster, and for a lost drafting probe keep its
         cost within ``probe_budget`` of the plain steps until the next (module doc); else go
         back to ``probe_every``."""
-        other = b.rate.get(not probed)
-        confirmed = other is not None and b.rate[probed] < other
+        rate = b.rate
+        other = rate.get(not probed)
+        confirmed = other is not None and rate[probed] < other
         b.interval = (min(2 * b.interval, self.max_probe_every) if confirmed
                       else self.probe_every)
         if confirmed and probed and b.probe_loss > 0:
@@ -220,4 +224,5 @@ class LoadGate:
     def rates(self, num_seqs: int) -> tuple[float | None, float | None]:
         """(drafting, plain) tokens/s measured in ``num_seqs``'s bucket (None: not yet)."""
         b = self._buckets.get(self.bucket(num_seqs), _Bucket())
-        return b.rate.get(True), b.rate.get(False)
+        rate = b.rate
+        return rate.get(True), rate.get(False)
