@@ -12,7 +12,7 @@ then decode at a smaller, less efficient batch). Outputs are compared with the n
 
 After each row, the n-gram engine's load gate (spec/load_gate.py): its tokens/s figures of
 drafting and plain steps per batch-size bucket, as they stand after the measured rounds, and
-what it was told in the measured rounds (``GateLog``): per bucket and arm, the steps recorded,
+what it was told in the measured rounds (``gate_log``): per bucket and arm, the steps recorded,
 their tokens and seconds (switches apart), so the figures can be checked against what the
 steps really yielded.
 
@@ -26,6 +26,7 @@ of the machine hits both; the table gives medians and the speedup's range over t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -56,11 +57,11 @@ def run(llm, prompts, conc, max_tokens, requests=None):
     else:
         batch = [prompts[i % len(prompts)] for i in range(requests or conc)]
         t0 = time.perf_counter()
-        with DeltaClock(llm) as clock:
+        with delta_clock(llm) as seen:
             outs = [r.outputs[0] for r in llm.generate(batch, p)]
         wall = time.perf_counter() - t0
         per_req = sum(len(o.token_ids) for o in outs) / len(outs) / wall
-        decode = clock.decode_rates()
+        decode = decode_rates(seen)
     n = sum(len(o.token_ids) for o in outs)
     steps = sum(o.spec.num_verify_steps for o in outs if o.spec)
     acc = sum(o.spec.num_accepted_tokens for o in outs if o.spec)
@@ -70,42 +71,52 @@ def run(llm, prompts, conc, max_tokens, requests=None):
             "ids": [o.token_ids for o in outs]}
 
 
-class DeltaClock:
-    """While entered, times each request's deltas as ``llm``'s engine returns them: per
-    request, when its first tokens came and its last, and how many it had then."""
+@contextlib.contextmanager
+def wrapped(obj, name: str, hook):
+    """While entered, ``obj.name(*a, **k)`` calls ``hook(original, *a, **k)``; the class's
+    method after."""
+    original = getattr(obj, name)
+    setattr(obj, name, lambda *a, **k: hook(original, *a, **k))
+    try:
+        yield
+    finally:
+        delattr(obj, name)
 
-    def __init__(self, llm):
-        self.engine, self.seen = llm.engine, {}
 
-    def __enter__(self) -> "DeltaClock":
-        step = self.engine.step
+@contextlib.contextmanager
+def delta_clock(llm):
+    """While entered, times each request's deltas as ``llm``'s engine returns them; yields a
+    dict filled per request id with (when its first tokens came, its last, how many it had)."""
+    seen = {}
 
-        def timed():
-            outs = step()
-            now = time.perf_counter()
-            for o in outs:
-                if o.new_token_ids:
-                    first = self.seen.get(o.request_id, (now,))[0]
-                    self.seen[o.request_id] = (first, now, o.num_output_tokens)
-            return outs
-        self.engine.step = timed
-        return self
+    def timed(step):
+        outs = step()
+        now = time.perf_counter()
+        for o in outs:
+            if o.new_token_ids:
+                seen[o.request_id] = (seen.get(o.request_id, (now,))[0], now,
+                                      o.num_output_tokens)
+        return outs
+    with wrapped(llm.engine, "step", timed):
+        yield seen
 
-    def __exit__(self, *exc) -> None:
-        del self.engine.step
 
-    def decode_rates(self) -> list[float]:
-        """Per request: tokens after its first over the seconds from its first delta to its
-        last (its own decode speed, queueing and prefill apart)."""
-        return [(n - 1) / (last - first) for first, last, n in self.seen.values()
-                if n > 1 and last > first]
+def decode_rates(seen: dict) -> list[float]:
+    """Per request of :func:`delta_clock`'s dict: tokens after its first over the seconds from
+    its first delta to its last (its own decode speed, queueing and prefill apart)."""
+    return [(n - 1) / (last - first) for first, last, n in seen.values()
+            if n > 1 and last > first]
+
+
+def gate_of(llm):
+    """``llm``'s load gate (spec/load_gate.py), None without one."""
+    return getattr(getattr(llm.engine.proposer, "policy", None), "gate", None)
 
 
 def gate_figures(llm) -> dict:
-    """The load gate's figures (spec/load_gate.py) of ``llm``'s proposer, per batch-size
-    bucket: tokens/s of drafting and plain steps, steps recorded of each, steps seen; {} without
-    a gate."""
-    gate = getattr(getattr(llm.engine.proposer, "policy", None), "gate", None)
+    """The load gate's figures of ``llm``'s proposer, per batch-size bucket: tokens/s of
+    drafting and plain steps, steps recorded of each, steps seen; {} without a gate."""
+    gate = gate_of(llm)
     if gate is None:
         return {}
     return {f"<= {2 ** k}": {"draft_tok_s": b.rate.get(True), "plain_tok_s": b.rate.get(False),
@@ -114,34 +125,32 @@ def gate_figures(llm) -> dict:
             for k, b in sorted(gate._buckets.items())}
 
 
-class GateLog:
-    """Wraps ``llm``'s load gate's ``record`` (the engine's report of each decode step) and
-    sums what it is told per (bucket, arm, switch): steps, tokens, seconds. No-op without a
-    gate."""
+@contextlib.contextmanager
+def gate_log(llm):
+    """While entered, sums what ``llm``'s load gate is told (its ``record``: the engine's report
+    of each decode step) per (bucket, arm, switch); yields a dict of those sums: per key, steps,
+    tokens, seconds (stays empty without a gate)."""
+    sums, gate = {}, gate_of(llm)
+    if gate is None:
+        yield sums
+        return
 
-    def __init__(self, llm):
-        self.sums: dict = {}
-        self.on = False
-        gate = getattr(getattr(llm.engine.proposer, "policy", None), "gate", None)
-        if gate is None:
-            return
-        record = gate.record
+    def logged(record, num_seqs, drafted, tokens, seconds, switch=False):
+        key = f"<= {2 ** gate.bucket(num_seqs)} {'draft' if drafted else 'plain'}" + (
+            " switch" if drafted and switch else "")
+        row = sums.setdefault(key, [0, 0, 0.0])
+        row[0] += 1
+        row[1] += tokens
+        row[2] += seconds
+        return record(num_seqs, drafted, tokens, seconds, switch)
+    with wrapped(gate, "record", logged):
+        yield sums
 
-        def logged(num_seqs, drafted, tokens, seconds, switch=False):
-            if self.on:
-                key = f"<= {2 ** gate.bucket(num_seqs)} {'draft' if drafted else 'plain'}" + (
-                    " switch" if drafted and switch else "")
-                row = self.sums.setdefault(key, [0, 0, 0.0])
-                row[0] += 1
-                row[1] += tokens
-                row[2] += seconds
-            return record(num_seqs, drafted, tokens, seconds, switch)
-        gate.record = logged
 
-    def table(self) -> dict:
-        """Per key: steps, tokens, seconds and their tokens/s."""
-        return {k: {"steps": n, "tokens": t, "seconds": s, "tok_s": t / s if s else None}
-                for k, (n, t, s) in sorted(self.sums.items())}
+def log_table(sums: dict) -> dict:
+    """:func:`gate_log`'s sums per key: steps, tokens, seconds and their tokens/s."""
+    return {k: {"steps": n, "tokens": t, "seconds": s, "tok_s": t / s if s else None}
+            for k, (n, t, s) in sorted(sums.items())}
 
 
 def median(xs):
@@ -153,13 +162,10 @@ def compare(engines, prompts, conc, max_tokens, repeats, requests=None):
     figures, plus the speedups of every round (on / off, per-request tok/s)."""
     for llm in engines.values():
         run(llm, prompts, conc, max_tokens, requests)
-    logs = {label: GateLog(llm) for label, llm in engines.items()}
-    for log in logs.values():
-        log.on = True
-    rounds = [{label: run(llm, prompts, conc, max_tokens, requests)
-               for label, llm in engines.items()} for _ in range(repeats)]
-    for log in logs.values():
-        log.on = False
+    with contextlib.ExitStack() as stack:
+        logs = {label: stack.enter_context(gate_log(llm)) for label, llm in engines.items()}
+        rounds = [{label: run(llm, prompts, conc, max_tokens, requests)
+                   for label, llm in engines.items()} for _ in range(repeats)]
     base_ids = rounds[0]["off"]["ids"]
     out = {}
     for label in engines:
@@ -172,7 +178,7 @@ def compare(engines, prompts, conc, max_tokens, repeats, requests=None):
                                   for r in rounds]
         mid.pop("ids")
         mid["gate"] = gate_figures(engines[label])
-        mid["gate_log"] = logs[label].table()
+        mid["gate_log"] = log_table(logs[label])
         out[label] = mid
     return out
 
