@@ -31,6 +31,27 @@ def async_on(llm):
         assert eng._pending is None
 
 
+# the real model repeats this sentence, so the n-gram proposer finds drafts
+REPEATING = "Repeat exactly: the cat sat on the mat. the cat sat on the mat."
+
+
+@contextmanager
+def ngram_gated(eng, gate):
+    """``eng`` drafting by n-gram (3 steps) under the load gate ``gate``, with fresh spec
+    metrics (yielded); plain decoding again after."""
+    from mtpserve.config import SpeculativeConfig
+    from mtpserve.spec import build_proposer
+    from mtpserve.spec.metrics import SpecMetrics
+
+    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
+    eng.proposer.policy.gate = gate
+    eng.spec_metrics = metrics = SpecMetrics(3)
+    try:
+        yield metrics
+    finally:
+        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+
+
 def summary(results):
     """Each choice's tokens, text, finish and logprobs: ids exact, log-probabilities to 4
     decimals (a step's batch differs between the modes, and the CPU's float32 products round
@@ -233,8 +254,7 @@ def test_steps_kept_plain_by_the_gate_overlap(smollm2_llm, algo, pattern, budget
 
     llm = smollm2_llm
     eng = llm.engine
-    # the real model repeats this sentence, so the n-gram proposer finds drafts
-    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    ids = chat_ids(llm.tokenizer, REPEATING)
     p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     # with the budget, the third sequence's drafts find no room in a drafting step
     prompts = [ids, ids[:-1]] + ([ids[:-2]] if budget else [])
@@ -283,35 +303,25 @@ def test_gate_files_a_drained_plain_step_under_its_own_batch_size(smollm2_llm):
     """A plain step of 2 sequences is overlapped; one request is aborted before the next step,
     which drafts and so drains the plain step. The gate must file that step under the 2
     sequences it ran, not under the 1 of the step that drained it."""
-    from mtpserve.config import SpeculativeConfig
-    from mtpserve.spec import build_proposer
-    from mtpserve.spec.metrics import SpecMetrics
-
     llm = smollm2_llm
     eng = llm.engine
-    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    ids = chat_ids(llm.tokenizer, REPEATING)
     p = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     gate = ScriptedGate([False])
-    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
-    eng.proposer.policy.gate = gate
-    eng.spec_metrics = SpecMetrics(3)
-    try:
-        with async_on(llm):
-            eng.add_request("keep", ids, p)
-            eng.add_request("drop", ids[:-1], p)
-            while any(s.in_prefill for s in eng.scheduler.running) or eng.scheduler.waiting:
-                eng.step()
-            for _ in range(3):
-                eng.step()                           # plain steps of both, overlapped
-            assert eng._pending is not None and len(eng._pending.sched.scheduled) == 2
-            gate.sized.clear()
-            eng.abort_request("drop")
-            gate.pattern = [True]                    # the next step drafts: it drains
+    with ngram_gated(eng, gate), async_on(llm):
+        eng.add_request("keep", ids, p)
+        eng.add_request("drop", ids[:-1], p)
+        while any(s.in_prefill for s in eng.scheduler.running) or eng.scheduler.waiting:
             eng.step()
-            while eng.has_unfinished_requests():
-                eng.step()
-    finally:
-        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+        for _ in range(3):
+            eng.step()                           # plain steps of both, overlapped
+        assert eng._pending is not None and len(eng._pending.sched.scheduled) == 2
+        gate.sized.clear()
+        eng.abort_request("drop")
+        gate.pattern = [True]                    # the next step drafts: it drains
+        eng.step()
+        while eng.has_unfinished_requests():
+            eng.step()
     assert gate.sized[0][:2] == (2, False), gate.sized
 
 
@@ -321,10 +331,6 @@ def test_a_step_of_prefills_alone_does_not_consult_the_gate(smollm2_llm):
     probe interval every later probe too (session 15, benchmarks/cpu_policy_sim.py). One
     request of 6 tokens, the gate never letting it draft: a prefill step, then 5 decode steps,
     each asking the gate once with its 1 sequence."""
-    from mtpserve.config import SpeculativeConfig
-    from mtpserve.spec import build_proposer
-    from mtpserve.spec.metrics import SpecMetrics
-
     class SizedGate(ScriptedGate):
         def allow(self, num_seqs):
             self.asked = getattr(self, "asked", []) + [num_seqs]
@@ -333,18 +339,13 @@ def test_a_step_of_prefills_alone_does_not_consult_the_gate(smollm2_llm):
     llm = smollm2_llm
     eng = llm.engine
     gate = SizedGate([False])
-    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
-    eng.proposer.policy.gate = gate
-    eng.spec_metrics = SpecMetrics(3)
-    try:
+    with ngram_gated(eng, gate):
         eng.add_request("r", chat_ids(llm.tokenizer, "Say hello."),
                         SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
         steps = 0
         while eng.has_unfinished_requests():
             eng.step()
             steps += 1
-    finally:
-        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
     assert steps == 6 and gate.asked == [1] * 5
 
 
@@ -356,14 +357,11 @@ def test_the_gates_steps_tile_the_engines_wall_time(smollm2_llm, monkeypatch):
     a synchronous drafting step used to leave that work out while plain steps in a pipeline
     carried it: the drafting arm looked faster than it was. A fake clock that ticks once per
     read makes the intervals exact."""
-    from mtpserve.config import SpeculativeConfig
     from mtpserve.engine import engine as engine_module
-    from mtpserve.spec import build_proposer
-    from mtpserve.spec.metrics import SpecMetrics
 
     llm = smollm2_llm
     eng = llm.engine
-    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    ids = chat_ids(llm.tokenizer, REPEATING)
     p = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     ticks = iter(range(10 ** 9))
 
@@ -380,20 +378,14 @@ def test_the_gates_steps_tile_the_engines_wall_time(smollm2_llm, monkeypatch):
         ends.append((Clock.perf_counter() - 1, seconds))   # the engine read the clock last
         record(num_seqs, drafted, tokens, seconds, switch)
     gate.record = timed
-    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
-    eng.proposer.policy.gate = gate
-    eng.spec_metrics = SpecMetrics(3)
     monkeypatch.setattr(engine_module, "time", Clock)
-    try:
-        with async_on(llm):
-            eng.add_request("a", ids, p)
-            eng.add_request("b", ids[:-1], p)
-            while eng.has_unfinished_requests():
-                eng.step()
-                for _ in range(5):   # the caller's work between engine calls
-                    Clock.perf_counter()
-    finally:
-        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
+    with ngram_gated(eng, gate), async_on(llm):
+        eng.add_request("a", ids, p)
+        eng.add_request("b", ids[:-1], p)
+        while eng.has_unfinished_requests():
+            eng.step()
+            for _ in range(5):   # the caller's work between engine calls
+                Clock.perf_counter()
     assert len(ends) >= 8 and set(d for d, _ in gate.records) == {True, False}
     # each step started where the one before ended
     starts = [now - secs for now, secs in ends]
@@ -410,19 +402,14 @@ def test_a_new_requests_first_drafting_step_is_a_switch_and_warmup_leaves_the_ga
     mid-probe and the next request's first drafting step filed as a probe's measure)."""
     import copy
 
-    from mtpserve.config import SpeculativeConfig
-    from mtpserve.spec import build_proposer
     from mtpserve.spec.load_gate import LoadGate
-    from mtpserve.spec.metrics import SpecMetrics
 
     llm = smollm2_llm
     eng = llm.engine
-    ids = chat_ids(llm.tokenizer, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    ids = chat_ids(llm.tokenizer, REPEATING)
     p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    eng.proposer = build_proposer(SpeculativeConfig(algorithm="ngram", num_steps=3), eng)
-    eng.spec_metrics = SpecMetrics(3)
-    gate = eng.proposer.policy.gate = ScriptedGate([True])
-    try:
+    gate = ScriptedGate([True])
+    with ngram_gated(eng, gate):
         llm.generate([ids], p)
         first = len(gate.switches)
         llm.generate([ids], p)
@@ -433,5 +420,3 @@ def test_a_new_requests_first_drafting_step_is_a_switch_and_warmup_leaves_the_ga
         before = copy.deepcopy(vars(gate))
         eng.warmup()
         assert vars(gate) == before and eng.proposer.policy._last_drafting is False
-    finally:
-        eng.proposer, eng.spec_metrics = None, SpecMetrics(0)
