@@ -43,10 +43,11 @@ def test_merge_outputs_rejects_an_empty_list_and_mixed_requests():
 
 class _Engine:
     """Each step gives every request one token (100 + its index) until it has ``length``; with
-    ``gate``, the steps after the first wait for it."""
+    ``gate``, the steps after the first (``gate_first``: every step) wait for it."""
 
-    def __init__(self, length: int, gate: threading.Event | None = None):
+    def __init__(self, length: int, gate: threading.Event | None = None, gate_first=False):
         self.length, self.count, self.gate, self.steps = length, {}, gate, 0
+        self.gate_first = gate_first
 
     def warmup(self):
         pass
@@ -62,7 +63,7 @@ class _Engine:
 
     def step(self):
         self.steps += 1
-        if self.gate is not None and self.steps > 1:
+        if self.gate is not None and (self.steps > 1 or self.gate_first):
             self.gate.wait(10)
         outs = []
         for rid in sorted(self.count):
@@ -74,8 +75,9 @@ class _Engine:
         return outs
 
 
-def _started(length: int, gate: threading.Event | None = None) -> AsyncEngine:
-    eng = AsyncEngine(lambda: _Engine(length, gate), warmup=True)
+def _started(length: int, gate: threading.Event | None = None,
+             gate_first: bool = False) -> AsyncEngine:
+    eng = AsyncEngine(lambda: _Engine(length, gate, gate_first), warmup=True)
     eng.start()
     deadline = time.monotonic() + 10
     while not eng.ready:
@@ -89,13 +91,18 @@ def test_a_step_wakes_the_event_loop_once_for_all_its_requests(monkeypatch):
     real = async_engine._put_all
     monkeypatch.setattr(async_engine, "_put_all", lambda items: (batches.append(len(items)),
                                                                  real(items)))
-    eng = _started(3)
+    gate = threading.Event()
+    eng = _started(3, gate, gate_first=True)
 
     async def both():
         async def one(rid):
             return [o.new_token_ids async for o in eng.generate(rid, [1, 2], SamplingParams())]
-        # both requests reach the engine before its first step: the inbox is drained at once
-        return await asyncio.gather(one("a"), one("b"))
+        tasks = [asyncio.create_task(one(r)) for r in ("a", "b")]
+        # both requests reach the engine before its first step ends (an engine thread that got
+        # "a" alone first, on a loaded machine, finished it before "b" came: batches of 1)
+        await asyncio.sleep(0)
+        gate.set()
+        return await asyncio.gather(*tasks)
 
     try:
         got = asyncio.run(both())
