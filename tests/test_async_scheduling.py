@@ -157,10 +157,14 @@ def test_async_abort_in_flight_and_drain_for_penalties(smollm2_llm):
         eng.abort_request("drop")
         eng.add_request("pen", ids, penal)       # penalties: the next step drains first
         drained = eng.step()
-        # keep's pending token, then a synchronous step: keep's next token, pen's first
+        # keep's pending token; the synchronous step run after it (keep's next token, pen's
+        # first) gives its deltas with the next call, taken while that call's step runs
         assert eng._pending is None
-        assert [o.request_id for o in drained] == ["keep", "keep", "pen"]
-        for o in drained:
+        assert [o.request_id for o in drained] == ["keep"]
+        later = eng.step()
+        assert [o.request_id for o in later] == ["keep", "pen"]
+        assert [len(o.new_token_ids) for o in drained + later] == [1, 1, 1]
+        for o in drained + later:
             got[o.request_id] += o.new_token_ids
         while eng.has_unfinished_requests():
             for o in eng.step():
@@ -420,3 +424,60 @@ def test_a_new_requests_first_drafting_step_is_a_switch_and_warmup_leaves_the_ga
         before = copy.deepcopy(vars(gate))
         eng.warmup()
         assert vars(gate) == before and eng.proposer.policy._last_drafting is False
+
+
+def test_drafting_steps_under_async_scheduling_equal_sync(smollm2_llm):
+    """With n-gram drafting at every step, steps run synchronously under async scheduling and
+    give their deltas with the next call (detokenized then, while that call's step runs): every
+    output equals the synchronous engine's — tokens, text with and without stop strings, stop
+    token ids, logprobs, seeded sampling."""
+    llm = smollm2_llm
+    eng = llm.engine
+    prompts, params = mixed_requests(llm.tokenizer)
+    rep = chat_ids(llm.tokenizer, REPEATING)
+    prompts += [rep, rep]
+    params += [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+               SamplingParams(max_tokens=24, temperature=0.0, stop=["on the"])]
+    with ngram_gated(eng, ScriptedGate([True])):
+        want = summary(llm.generate(prompts, params))
+    with ngram_gated(eng, ScriptedGate([True])) as metrics, async_on(llm):
+        got = summary(llm.generate(prompts, params))
+    assert got == want
+    assert metrics.num_accepted_tokens > 0
+    assert want[-1][0][1] == "The cat sat " and want[-1][0][3] == "on the"
+
+
+def test_a_drafting_steps_deltas_come_with_the_next_call(smollm2_llm):
+    """Under async scheduling a synchronous (drafting) step's deltas are returned by the next
+    call, behind that call's launch; the call whose step finishes the last request returns
+    them and its own at once, and the engine is then idle. An aborted request's deferred delta
+    is dropped."""
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, REPEATING)
+    p = SamplingParams(max_tokens=12, temperature=0.0)   # "The cat sat on the mat." + EOS
+    alone = llm.generate([ids], p)[0].outputs[0].token_ids
+    with ngram_gated(eng, ScriptedGate([True])), async_on(llm):
+        eng.add_request("a", ids, p)
+        assert eng.step() == [] and eng._pending is not None      # the prefill, launched
+        calls = []
+        while eng.has_unfinished_requests():
+            unsent = [s.request_id for s in eng._unsent]
+            calls.append((unsent, [o.new_token_ids for o in eng.step()]))
+        # the prefill's token (drained by the first drafting step, which keeps its own delta);
+        # that step's token; then the three drafts accepted on it and the bonus; the last
+        # step (the period and EOS) with the delta before it
+        assert calls == [([], [alone[:1]]), (["a"], [alone[1:2]]),
+                         (["a"], [alone[2:6], alone[6:]])]
+        assert len(alone) == 8 and eng._unsent == [] and eng._done_at is None
+
+        eng.add_request("b", ids, p)
+        eng.add_request("c", ids, p)
+        while sorted(s.request_id for s in eng._unsent) != ["b", "c"]:
+            eng.step()
+        eng.abort_request("b")
+        assert [o.request_id for o in eng.step()] == ["c"]
+        eng.abort_request("c")
+        assert eng.has_unfinished_requests()       # c's delta of that step, dropped next call
+        assert eng.step() == [] and not eng.has_unfinished_requests()
+    assert eng.block_manager.num_free_blocks == eng.runner.num_blocks

@@ -17,7 +17,7 @@ BS = 4
 
 
 def _seq(rid: str, tokens: list[int]) -> Sequence:
-    no_stop_strings = SimpleNamespace(append=lambda token_id: None)
+    no_stop_strings = SimpleNamespace(has_stops=False, append=lambda token_id: None)
     return Sequence(rid, tokens, SamplingParams(max_tokens=100, ignore_eos=True), (), 10**6,
                     no_stop_strings, None)
 

@@ -64,6 +64,12 @@ class IncrementalDetokenizer:
         self.finished = False
 
     @property
+    def has_stops(self) -> bool:
+        """Whether stop strings are searched. Only then can a token end the generation here, so
+        it must be fed as it comes; without them, tokens fed later give the same text."""
+        return bool(self._stops)
+
+    @property
     def text(self) -> str:
         """All text released or releasable so far (without held-back characters)."""
         return self._text[: self._releasable]

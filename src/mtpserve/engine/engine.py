@@ -85,6 +85,9 @@ class LLMEngine:
         self.async_scheduling = (self.device.type == "cuda" if config.async_scheduling is None
                                  else config.async_scheduling)
         self._pending: PendingStep | None = None   # async scheduling: the step still running
+        # async scheduling: sequences whose deltas of the last synchronous step are still to be
+        # taken (``_take_unsent``, while the device runs the next step)
+        self._unsent: list[Sequence] = []
         # perf_counter seconds when the last step's tokens were appended (None: idle since)
         self._done_at: float | None = None
         self._drafted = False   # whether the last step verified drafts (the step timer's switch)
@@ -135,7 +138,8 @@ class LLMEngine:
                 self._idle()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._pending is not None
+        return (self.scheduler.has_unfinished() or self._pending is not None
+                or bool(self._unsent))
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -160,7 +164,8 @@ class LLMEngine:
         else:   # drain: this step needs every token on the host
             outputs = self._resolve() if self._pending is not None else []
             outputs += self._sync_step(allowed, arm)
-        if not self.has_unfinished_requests():
+        if not (self.scheduler.has_unfinished() or self._pending is not None):
+            outputs += self._take_unsent()   # no next step to take them behind
             self._idle()
         return outputs
 
@@ -194,7 +199,7 @@ class LLMEngine:
                                   allowed)
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            return []
+            return self._take_unsent()
         batch, layout = self.runner.prepare(sched)
         if self.proposer is not None:   # drafts still on the device go in on the device
             self.proposer.patch_inputs(batch, sched)
@@ -207,19 +212,22 @@ class LLMEngine:
                 items = self._verify_items(sampling)
             ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits,
                                                self.sampler, items)
+        outputs = self._take_unsent()   # the previous step's, while the device runs this one
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
         if items is not None:
-            self._verify(sampling, logits, items, ahead)
-        elif sampling:  # a step of prefill chunks only samples nothing
-            self._sample(sampling, logits)
+            emitted = self._verify(sampling, logits, items, ahead)
+        else:   # (a step of prefill chunks only samples nothing)
+            emitted = self._sample(sampling, logits) if sampling else 0
         if self.proposer is not None:
             self.proposer.observe(self._kept_hidden(sched, starts, batch, hidden))
-        outputs = []
         for s in sched.scheduled:
-            outputs.extend(self._postprocess(s))
-        emitted = sum(len(o.new_token_ids) for o in outputs)
+            self._settle(s)
+        if self.async_scheduling:   # taken behind the next step's launch
+            self._unsent = [s.seq for s in sched.scheduled if s.samples]
+        else:
+            outputs += [s.seq.take_output() for s in sched.scheduled if s.samples]
         self.stats_logger.step(self, emitted)
         after_plain = not self._drafted
         now = time.perf_counter()
@@ -262,7 +270,7 @@ class LLMEngine:
             for seq in sched.retired:
                 self.proposer.release(seq)
         if not sched.scheduled:
-            return self._resolve() if self._pending is not None else []
+            return self._take_unsent() + (self._resolve() if self._pending is not None else [])
         batch, layout = self.runner.prepare(sched)
         if self._pending is not None:
             patch_input_ids(batch, sched, self._pending)
@@ -279,7 +287,9 @@ class LLMEngine:
             self.proposer.observe_launched(sched, hidden, next_ids)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
             self.block_manager.register_full_blocks(s.seq)
-        outputs = self._resolve() if self._pending is not None else []
+        outputs = self._take_unsent()
+        if self._pending is not None:
+            outputs += self._resolve()
         self._pending = launched
         return outputs
 
@@ -339,12 +349,14 @@ class LLMEngine:
             return SamplerOutput(logits.new_empty(0, dtype=torch.int64))
         return self.sampler.sample(logits, [self._row(s.seq) for s, _ in sampling])
 
-    def _sample(self, sampling, logits) -> None:
+    def _sample(self, sampling, logits) -> int:
+        """Sample and append one token per row of ``sampling``; return how many (its length)."""
         result = self._sample_on_device(sampling, logits)
         token_ids = result.token_ids.tolist()
         for i, (s, _) in enumerate(sampling):
             lp = result.logprobs[i] if result.logprobs is not None else None
             s.seq.append_token(token_ids[i], lp)
+        return len(sampling)
 
     def _verify_items(self, sampling) -> list[VerifyInput]:
         """One VerifyInput per sampling row of ``sampling`` (its 1 + drafts rows, first logits
@@ -358,11 +370,13 @@ class LLMEngine:
             items.append(VerifyInput(rows, first, drafts, q))
         return items
 
-    def _verify(self, sampling, logits, items: list[VerifyInput], ahead=None) -> None:
+    def _verify(self, sampling, logits, items: list[VerifyInput], ahead=None) -> int:
         """Verify the drafts of ``sampling``'s sequences (``items``: their ``_verify_items``)
-        against ``logits``; ``ahead``: the proposer's AheadStep (spec/draft_ahead.py), whose
-        targets (each row's token if kept, decided on the device) are used as read."""
-        state, row = self.runner.state_cache, 0
+        against ``logits`` and append the tokens each emits (up to a stop); return how many
+        tokens were appended in all. ``ahead``: the proposer's AheadStep
+        (spec/draft_ahead.py), whose targets (each row's token if kept, decided on the device)
+        are used as read."""
+        state, row, appended = self.runner.state_cache, 0, 0
         targets = ahead.targets() if ahead is not None else None
         for (s, _), res in zip(sampling, verify(self.sampler, logits, items, targets)):
             seq = s.seq
@@ -381,8 +395,10 @@ class LLMEngine:
                 seq.spec.num_accepted_tokens += res.num_accepted
                 seq.spec.num_verify_steps += 1
             for t, lp in zip(res.token_ids, res.logprobs):
+                appended += 1
                 if seq.append_token(t, lp):
                     break
+        return appended
 
     def _row(self, seq: Sequence, drafts: list[int] = ()) -> SamplingRow:
         p = seq.params
@@ -391,12 +407,26 @@ class LLMEngine:
         return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, out, self.eos_token_ids)
 
     def _postprocess(self, s: ScheduledSeq) -> list[RequestOutput]:
+        """``_settle`` the sequence, then its delta if the step sampled it."""
+        self._settle(s)
+        return [s.seq.take_output()] if s.samples else []
+
+    def _settle(self, s: ScheduledSeq) -> None:
+        """After a step's tokens are appended: the drafts dropped, full blocks published for
+        prefix caching, and a finished sequence taken out (blocks, slot, proposer state)."""
         seq = s.seq
         seq.draft_token_ids, seq.draft_probs = [], None
         self.block_manager.register_full_blocks(seq)
         if seq.is_finished:
             self._drop(seq)
-        return [seq.take_output()] if s.samples else []
+
+    def _take_unsent(self) -> list[RequestOutput]:
+        """The deltas a synchronous step left under async scheduling (``_unsent``), taken now:
+        detokenizing and building the outputs (~0.7 ms a step at 64 requests on the CPU of
+        benchmarks/cpu_host.py) then run while the device computes the next step, instead of
+        between the read-back and the next launch. A request aborted since has none."""
+        seqs, self._unsent = self._unsent, []
+        return [seq.take_output() for seq in seqs if seq.finish_reason != "abort"]
 
     def _drop(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)

@@ -37,6 +37,14 @@ extra row of a sequence that has in fact finished shifts their random stream: th
 follow the same distribution but differ, as they do whenever the batch changes. Full KV blocks
 are published for prefix caching when a step is launched (placeholders excluded), so a request
 admitted by the next step finds them.
+
+Steps that cannot overlap (drafting steps, penalties) still run synchronously, but under async
+scheduling their deltas are taken by the next call, after that call's step is launched
+(engine.py ``_take_unsent``): the tokens are appended and every stop checked before the next
+step is scheduled, while detokenizing (for requests without stop strings, whose text cannot
+end them: sequence.py) and building the outputs run while the device computes the next step
+instead of between the read-back and the next launch. The call whose step leaves nothing to
+run returns them at once.
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ class Sequence:
 
     Stop conditions are checked on every appended token (also in the middle of an accepted
     speculative block): EOS (unless ``ignore_eos``), ``stop_token_ids``, stop strings (through the
-    detokenizer), ``max_tokens`` and ``max_model_len``.
+    detokenizer), ``max_tokens`` and ``max_model_len``. A request without stop strings feeds its
+    tokens to the detokenizer only when its output is taken (:meth:`take_output`): the text is
+    the same, and the decoding falls where the engine takes outputs, which under async
+    scheduling is while the device runs the next step (engine.py ``_take_unsent``).
 
     Under async scheduling (engine/overlap.py) a token sampled by a step still running on the
     device is a *placeholder* at the end of ``token_ids`` (``num_pending`` of them, at most two):
@@ -67,6 +70,7 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self._new_ids: list[int] = []
         self._new_logprobs: list[TokenLogprob] = []
+        self._undecoded: list[int] = []   # output ids not fed to a detokenizer without stops
 
     # ---- progress --------------------------------------------------------------------------
     @property
@@ -127,9 +131,12 @@ class Sequence:
             return self.finish("stop", None)
         if may_stop and token_id in p.stop_token_ids:
             return self.finish("stop", token_id)
-        matched = self.detok.append(token_id)
-        if matched is not None:
-            return self.finish("stop", matched)
+        if not self.detok.has_stops:
+            self._undecoded.append(token_id)
+        else:
+            matched = self.detok.append(token_id)
+            if matched is not None:
+                return self.finish("stop", matched)
         if len(self.output_token_ids) >= self.max_tokens \
                 or self.num_tokens - self.num_pending >= self.max_model_len:
             return self.finish("length", None)
@@ -143,6 +150,9 @@ class Sequence:
     # ---- output ------------------------------------------------------------------------------
     def take_output(self) -> RequestOutput:
         """The delta since the last call (new tokens, newly releasable text)."""
+        for token_id in self._undecoded:
+            self.detok.append(token_id)
+        self._undecoded.clear()
         text = self.detok.take_new_text()
         if self.is_finished and not isinstance(self.stop_reason, str):
             text += self.detok.finish()
