@@ -126,6 +126,27 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s38a)     # session 38 (staged, not run: no machine), call 1 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx, then the GPU tests (async scheduling now takes a drafting step's deltas behind the next launch: greedy equality on the GPU)
+  mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
+  git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 400 python3 -m pytest -q tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^\s*$" | tail -6
+  ;;
+s38b)     # session 38 (staged), call 2 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s38a; .snapold: git archive 944c143 src, before the deferred deltas): n-gram on vs off at 64 requests as a continuous load, this tree against .snapold twice; then one request, each tree once
+  join_smollm2
+  for tree in new old new old; do
+    src=$(tree_src $tree)
+    echo "== $tree c64"
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 2 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64_${tree}_$RANDOM.json" 2>&1 \
+      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
+  done
+  for tree in new old; do
+    src=$(tree_src $tree)
+    echo "== $tree c1"
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 3 --concurrency 1 --json "$OUT/gpu_spec_c1_$tree.json" 2>&1 \
+      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
+  done
+  ;;
 s37d)     # session 37, last call (carry .whl .fixtures/smollm2.part-ab, right after s37a with the wheels installed): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree only, code edits first (what little device time was left)
   join_smollm2
   timeout 100 python3 benchmarks/gpu_spec.py --repeats 2 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64.json" 2>&1 | grep -v "it/s" | tee "$OUT/gpu_spec_c64.log"
