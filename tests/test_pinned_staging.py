@@ -91,3 +91,12 @@ def test_upload_into_writes_the_destination_through_the_ring(monkeypatch):
     big = torch.zeros(9, dtype=torch.int64)          # 72 bytes > a half: a block of its own
     ring.upload_into(big, list(range(9)))
     assert big.tolist() == list(range(9)) and (ring._current, ring._offset) == (0, 32)
+
+
+def test_a_numpy_array_uploads_as_a_list_does(monkeypatch):
+    import numpy as np
+
+    ring = _ring(monkeypatch)
+    a = ring.upload(np.array([5, -6, 7], np.int64), torch.int32)
+    assert a.tolist() == [5, -6, 7] and a.dtype == torch.int32
+    assert ring._np[0:12].view("int32").tolist() == [5, -6, 7]

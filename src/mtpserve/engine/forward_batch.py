@@ -58,9 +58,9 @@ class ForwardBatch:
 
 
 def to_device(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list of ints as a 1-D tensor on ``device``; on CUDA through the process's pinned
-    ring (engine/pinned_staging.py) without blocking the host. Building a CUDA tensor straight
-    from a list, or indexing one with a list, waits instead."""
+    """A host list (or 1-D numpy array) of ints as a 1-D tensor on ``device``; on CUDA through
+    the process's pinned ring (engine/pinned_staging.py) without blocking the host. Building a
+    CUDA tensor straight from a list, or indexing one with a list, waits instead."""
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return staging_for(device).upload(values, dtype)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from mtpserve.config import EngineConfig, ModelConfig
+from mtpserve.engine.batch_layout import batch_layout
 from mtpserve.engine.forward_batch import ForwardBatch, to_device
 from mtpserve.engine.kv_cache import KVCache
 from mtpserve.engine.state_cache import LinearAttnMetadata, StateCache
@@ -118,34 +119,16 @@ class ModelRunner:
 
     # ---- per step ----------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput) -> tuple[ForwardBatch, LogitsLayout]:
-        """Flatten the scheduled sequences into one varlen batch: two host-to-device copies (the
-        int64 arrays, the int32 ones), from pinned memory and asynchronous on CUDA."""
-        ids, pos, slots, rows_of, qlens, slens, logits_idx, rows = [], [], [], [], [], [], [], []
-        bs = self.block_size
-        for b, s in enumerate(sched.scheduled):
-            seq, start = s.seq, s.seq.num_computed_tokens
-            toks = seq.token_ids[start:start + s.num_new_tokens] + s.draft_token_ids
-            table = seq.block_table
-            base = len(ids)
-            ids.extend(toks)
-            p = range(start, start + len(toks))
-            pos.extend(p)
-            slots.extend(table[x // bs] * bs + x % bs for x in p)
-            rows_of.extend([b] * len(toks))
-            qlens.append(len(toks))
-            slens.append(start + len(toks))
-            n_logits = 1 + len(s.draft_token_ids) if s.samples else 0
-            rows.append((len(logits_idx), n_logits))
-            logits_idx.extend(range(base + len(toks) - n_logits, base + len(toks)))
-        T, B = len(ids), len(qlens)
-        width = max(len(s.seq.block_table) for s in sched.scheduled)
-        i64 = to_device(ids + pos + slots + qlens + slens + logits_idx, torch.int64, self.device)
-        tables = [x for s in sched.scheduled
-                  for x in s.seq.block_table + [0] * (width - len(s.seq.block_table))]
-        i32 = to_device([0] + _cumsum(qlens) + rows_of + [x + 1 for x in pos] + tables,
-                        torch.int32, self.device)
+        """Flatten the scheduled sequences into one varlen batch (engine/batch_layout.py): two
+        host-to-device copies (the int64 arrays, the int32 ones), from pinned memory and
+        asynchronous on CUDA."""
+        lay = batch_layout(sched.scheduled, self.block_size)
+        qlens, slens, tables = lay.qlens, lay.slens, lay.tables
+        T, B, width, bs = lay.num_tokens, len(qlens), lay.width, self.block_size
+        i64 = to_device(lay.i64, torch.int64, self.device)
+        i32 = to_device(lay.i32, torch.int32, self.device)
         # the views in four split calls (a slice each costs the host a few us)
-        token_io, qlen_t, slen_t, logits_t = i64.split([3 * T, B, B, len(logits_idx)])
+        token_io, qlen_t, slen_t, logits_t = i64.split([3 * T, B, B, lay.num_logits])
         starts, rows_io, tables_t = i32.split([B + 1, 2 * T, B * width])
         ids_t, pos_t, slots_t = token_io.split(T)
         row_t, kv_len_t = rows_io.split(T)
@@ -163,7 +146,7 @@ class ModelRunner:
         else:
             batch.attn = build_torch_metadata(qlens, slens, batch.block_tables, bs, self.device,
                                               self.dtype)
-        return batch, LogitsLayout(rows)
+        return batch, LogitsLayout(lay.rows)
 
     def _linear_attn_metadata(self, sched: SchedulerOutput) -> LinearAttnMetadata:
         slots = [s.seq.state_slot for s in sched.scheduled]
@@ -215,10 +198,3 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         return hidden, logits
 
-
-def _cumsum(xs: list[int]) -> list[int]:
-    out, acc = [], 0
-    for x in xs:
-        acc += x
-        out.append(acc)
-    return out

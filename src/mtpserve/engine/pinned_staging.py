@@ -44,9 +44,10 @@ class PinnedStaging:
         self._views: dict[torch.dtype, torch.Tensor] = {}
 
     def upload(self, values, dtype: torch.dtype) -> torch.Tensor:
-        """``values`` (a list of ints) as a 1-D ``dtype`` tensor on the device, copied from the
-        ring without blocking the host (more than half the ring, a dtype not in ``_NUMPY``,
-        or during a CUDA graph capture: through a pinned block of its own, as before)."""
+        """``values`` (a list or 1-D numpy array of ints) as a 1-D ``dtype`` tensor on the
+        device, copied from the ring without blocking the host (more than half the ring, a
+        dtype not in ``_NUMPY``, or during a CUDA graph capture: through a pinned block of its
+        own, as before)."""
         out = self._from_ring(values, dtype,
                               lambda src: src.to(self.device, non_blocking=True))
         if out is None:
