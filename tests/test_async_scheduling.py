@@ -28,7 +28,7 @@ def async_on(llm):
         yield eng
     finally:
         eng.async_scheduling = False
-        assert eng._pending is None
+        assert eng._pending is None and eng._unsent == []
 
 
 # the real model repeats this sentence, so the n-gram proposer finds drafts
@@ -481,3 +481,48 @@ def test_a_drafting_steps_deltas_come_with_the_next_call(smollm2_llm):
         assert eng.has_unfinished_requests()       # c's delta of that step, dropped next call
         assert eng.step() == [] and not eng.has_unfinished_requests()
     assert eng.block_manager.num_free_blocks == eng.runner.num_blocks
+
+
+def test_an_abort_or_a_stop_delivers_the_deltas_a_step_left_first(smollm2_llm):
+    """The server's in-thread loop (engine/async_engine.py) ends streams on an abort of every
+    request (Ctrl-C) or a stop. A request that finished in the synchronous step before, its
+    delta still held for the next call, ends as it finished, with all its tokens; one still
+    running gets that step's tokens, then the abort."""
+    from mtpserve.engine.async_engine import AsyncEngine, _Abort, _Add, _Sink
+
+    class Loop:
+        def call_soon_threadsafe(self, f, *args):
+            f(*args)
+
+    class Queue(list):
+        def put_nowait(self, out):
+            self.append(out)
+
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, REPEATING)
+    short = SamplingParams(max_tokens=6, temperature=0.0)
+    alone = llm.generate([ids], short)[0].outputs[0]
+    for end in ("abort_all", "stop"):
+        ae = AsyncEngine(lambda: eng, warmup=False)
+        ae.engine = eng
+        qa, qb = Queue(), Queue()
+        with ngram_gated(eng, ScriptedGate([True])), async_on(llm):
+            ae._handle(_Add("a", ids, short, _Sink(Loop(), qa)))
+            ae._handle(_Add("b", ids, SamplingParams(max_tokens=50, temperature=0.0),
+                            _Sink(Loop(), qb)))
+            while not any(s.request_id == "a" and s.is_finished for s in eng._unsent):
+                ae._deliver(eng.step())
+            b_has = len(eng.seqs["b"].output_token_ids)
+            if end == "abort_all":
+                ae._handle(_Abort(None))
+            else:
+                ae._fail_all("abort")
+                eng.abort_request("b")
+            while eng.has_unfinished_requests():
+                ae._deliver(eng.step())
+        assert [t for o in qa for t in o.new_token_ids] == alone.token_ids
+        assert qa[-1].finish_reason == "length" and qa[-1].finished
+        assert "".join(o.new_text for o in qa) == alone.text
+        assert sum(len(o.new_token_ids) for o in qb) == b_has and qb[-1].finish_reason == "abort"
+        assert ae._sinks == {}

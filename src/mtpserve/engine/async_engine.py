@@ -194,7 +194,10 @@ class AsyncEngine:
                 self._sinks.pop(msg.request_id, None)
                 msg.sink(RequestOutput.aborted(msg.request_id, str(e)))
         else:   # the engine lets go first, so a client that sees its stream end sees it gone
-            # from the gauges too (ending the streams first raced a test reading num_running)
+            # from the gauges too (ending the streams first raced a test reading num_running);
+            # before that, the deltas a step left for the next call reach their clients (a
+            # request that finished in that step ends as it finished, not as aborted)
+            self._deliver(eng.take_deferred_outputs())
             for rid in self._in_flight(msg.request_id):
                 eng.abort_request(rid)
             self._end_sinks(msg.request_id)
@@ -212,6 +215,11 @@ class AsyncEngine:
                 sink(RequestOutput.aborted(rid))
 
     def _fail_all(self, reason: str) -> None:
+        """End every stream in flight with ``finish_reason="abort"`` (``reason``, or the
+        engine's error, as its message); on a stop, the deltas a step left for the next call
+        reach their clients first."""
+        if self.error is None and self.engine is not None:
+            self._deliver(self.engine.take_deferred_outputs())
         for rid, sink in list(self._sinks.items()):
             sink(RequestOutput.aborted(rid, self.error or reason))
         self._sinks.clear()

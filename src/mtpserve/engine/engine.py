@@ -137,6 +137,13 @@ class LLMEngine:
             if not self.has_unfinished_requests():
                 self._idle()
 
+    def take_deferred_outputs(self) -> list[RequestOutput]:
+        """The deltas of the last synchronous step still held under async scheduling (they
+        come with the next ``step()`` otherwise), now: for a caller about to end streams (an
+        abort, a shutdown), so that a request which finished, or computed tokens, before it
+        ends gets them first."""
+        return self._take_unsent()
+
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or self._pending is not None
                 or bool(self._unsent))
