@@ -157,12 +157,12 @@ def test_async_abort_in_flight_and_drain_for_penalties(smollm2_llm):
         eng.abort_request("drop")
         eng.add_request("pen", ids, penal)       # penalties: the next step drains first
         drained = eng.step()
-        # keep's pending token; the synchronous step run after it (keep's next token, pen's
-        # first) gives its deltas with the next call, taken while that call's step runs
+        # keep's pending token, then the synchronous step run after it: pen's first token at
+        # once, keep's next with the next call (taken while that call's step runs)
         assert eng._pending is None
-        assert [o.request_id for o in drained] == ["keep"]
+        assert [o.request_id for o in drained] == ["keep", "pen"]
         later = eng.step()
-        assert [o.request_id for o in later] == ["keep", "pen"]
+        assert [o.request_id for o in later] == ["keep"]
         assert [len(o.new_token_ids) for o in drained + later] == [1, 1, 1]
         for o in drained + later:
             got[o.request_id] += o.new_token_ids
@@ -448,10 +448,10 @@ def test_drafting_steps_under_async_scheduling_equal_sync(smollm2_llm):
 
 
 def test_a_drafting_steps_deltas_come_with_the_next_call(smollm2_llm):
-    """Under async scheduling a synchronous (drafting) step's deltas are returned by the next
-    call, behind that call's launch; the call whose step finishes the last request returns
-    them and its own at once, and the engine is then idle. An aborted request's deferred delta
-    is dropped."""
+    """Under async scheduling a synchronous (drafting) step's mid-stream deltas are returned by
+    the next call, behind that call's launch; a request's first delta and its last come with
+    the call whose step made them; once nothing is left to run the engine is idle. An aborted
+    request's deferred delta is dropped."""
     llm = smollm2_llm
     eng = llm.engine
     ids = chat_ids(llm.tokenizer, REPEATING)
@@ -471,10 +471,17 @@ def test_a_drafting_steps_deltas_come_with_the_next_call(smollm2_llm):
                          (["a"], [alone[2:6], alone[6:]])]
         assert len(alone) == 8 and eng._unsent == [] and eng._done_at is None
 
-        eng.add_request("b", ids, p)
-        eng.add_request("c", ids, p)
-        while sorted(s.request_id for s in eng._unsent) != ["b", "c"]:
+        long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        eng.add_request("b", ids, long)
+        while [s.request_id for s in eng._unsent] != ["b"]:
             eng.step()
+        eng.add_request("c", ids, long)   # its prefill joins b's drafting step: synchronous
+        got = eng.step()
+        assert [(o.request_id, len(o.new_token_ids)) for o in got][1:] == [("c", 1)]
+        assert [o.request_id for o in got] == ["b", "c"] and eng.seqs["c"].num_pending == 0
+        assert sorted(s.request_id for s in eng._unsent) == ["b"]
+        eng.step()
+        assert sorted(s.request_id for s in eng._unsent) == ["b", "c"]
         eng.abort_request("b")
         assert [o.request_id for o in eng.step()] == ["c"]
         eng.abort_request("c")
@@ -485,9 +492,9 @@ def test_a_drafting_steps_deltas_come_with_the_next_call(smollm2_llm):
 
 def test_an_abort_or_a_stop_delivers_the_deltas_a_step_left_first(smollm2_llm):
     """The server's in-thread loop (engine/async_engine.py) ends streams on an abort of every
-    request (Ctrl-C) or a stop. A request that finished in the synchronous step before, its
-    delta still held for the next call, ends as it finished, with all its tokens; one still
-    running gets that step's tokens, then the abort."""
+    request (Ctrl-C) or a stop. A request that finished in the synchronous step before ends as
+    it finished, with all its tokens (its last delta comes at once); one still running gets
+    that step's tokens, held for the next call, then the abort."""
     from mtpserve.engine.async_engine import AsyncEngine, _Abort, _Add, _Sink
 
     class Loop:
@@ -511,8 +518,9 @@ def test_an_abort_or_a_stop_delivers_the_deltas_a_step_left_first(smollm2_llm):
             ae._handle(_Add("a", ids, short, _Sink(Loop(), qa)))
             ae._handle(_Add("b", ids, SamplingParams(max_tokens=50, temperature=0.0),
                             _Sink(Loop(), qb)))
-            while not any(s.request_id == "a" and s.is_finished for s in eng._unsent):
+            while "a" in eng.seqs:
                 ae._deliver(eng.step())
+            assert [s.request_id for s in eng._unsent] == ["b"]   # its delta of that step
             b_has = len(eng.seqs["b"].output_token_ids)
             if end == "abort_all":
                 ae._handle(_Abort(None))

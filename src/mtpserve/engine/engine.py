@@ -231,10 +231,12 @@ class LLMEngine:
             self.proposer.observe(self._kept_hidden(sched, starts, batch, hidden))
         for s in sched.scheduled:
             self._settle(s)
-        if self.async_scheduling:   # taken behind the next step's launch
-            self._unsent = [s.seq for s in sched.scheduled if s.samples]
-        else:
-            outputs += [s.seq.take_output() for s in sched.scheduled if s.samples]
+            if not s.samples:
+                continue
+            if self.async_scheduling and not (s.seq.is_finished or s.seq.first_delta_due):
+                self._unsent.append(s.seq)   # mid-stream: taken behind the next launch
+            else:   # (a request's first and last deltas come at once: TTFT, completion)
+                outputs.append(s.seq.take_output())
         self.stats_logger.step(self, emitted)
         after_plain = not self._drafted
         now = time.perf_counter()
@@ -428,10 +430,11 @@ class LLMEngine:
             self._drop(seq)
 
     def _take_unsent(self) -> list[RequestOutput]:
-        """The deltas a synchronous step left under async scheduling (``_unsent``), taken now:
-        detokenizing and building the outputs (~0.7 ms a step at 64 requests on the CPU of
-        benchmarks/cpu_host.py) then run while the device computes the next step, instead of
-        between the read-back and the next launch. A request aborted since has none."""
+        """The mid-stream deltas a synchronous step left under async scheduling (``_unsent``:
+        not a request's first or last), taken now: detokenizing and building the outputs
+        (~0.6 ms a step at 64 requests on the CPU, BENCHMARKS.md session 38) then run while the
+        device computes the next step, instead of between the read-back and the next launch.
+        A request aborted since has none."""
         seqs, self._unsent = self._unsent, []
         return [seq.take_output() for seq in seqs if seq.finish_reason != "abort"]
 

@@ -105,6 +105,12 @@ class Sequence:
         return (len(self.output_token_ids) + self.num_pending >= self.max_tokens
                 or self.num_tokens >= self.max_model_len)
 
+    @property
+    def first_delta_due(self) -> bool:
+        """True while no delta with tokens has been taken (:meth:`take_output`): the next one
+        carries the first output token."""
+        return len(self._new_ids) == len(self.output_token_ids)
+
     # ---- appending -------------------------------------------------------------------------
     def add_placeholder(self) -> None:
         """Reserve the position of a token being sampled on the device (async scheduling)."""
