@@ -191,6 +191,32 @@ def test_a_request_submitted_after_the_engine_died_ends_with_its_error():
     assert sinks == {}
 
 
+def test_a_clean_stop_ends_the_streams_in_flight_with_abort():
+    """On a stop without error (shutdown, the reader's exit) every open stream ends with
+    ``finish_reason="abort"``; the engine's description (``self.engine`` once ready) holds no
+    deltas to deliver first (a review caught _fail_all asking it for them)."""
+    import asyncio
+    import types
+
+    from mtpserve.engine.async_engine import _Sink
+    from mtpserve.engine.process_engine import ProcessEngine
+
+    async def stop():
+        eng = ProcessEngine(CONFIG)
+        eng.engine = types.SimpleNamespace(tokenizer=None, config=None, model_config=None,
+                                           max_model_len=256)   # as the "ready" message sets
+        q: asyncio.Queue = asyncio.Queue()
+        eng._sinks["r1"] = _Sink(asyncio.get_running_loop(), q)
+        eng._fail_all("abort")
+        out = await asyncio.wait_for(q.get(), 5)
+        return out, eng._sinks
+
+    out, sinks = asyncio.run(stop())
+    assert (out.request_id, out.finished, out.finish_reason, out.error) == \
+        ("r1", True, "abort", "abort")
+    assert sinks == {}
+
+
 def test_the_engine_process_loop_is_profiled_when_asked(monkeypatch, tmp_path):
     """MTPSERVE_ENGINE_PROFILE reaches the spawned engine process: after a stop, its loop's
     profile is in PATH.<child pid>.txt with the steps it ran (5: one prefill, then four decode

@@ -197,7 +197,7 @@ class AsyncEngine:
             # from the gauges too (ending the streams first raced a test reading num_running);
             # before that, the deltas a step left for the next call reach their clients (a
             # request that finished in that step ends as it finished, not as aborted)
-            self._deliver(eng.take_deferred_outputs())
+            self._deliver(self._deferred_outputs())
             for rid in self._in_flight(msg.request_id):
                 eng.abort_request(rid)
             self._end_sinks(msg.request_id)
@@ -214,12 +214,18 @@ class AsyncEngine:
             if sink is not None:
                 sink(RequestOutput.aborted(rid))
 
+    def _deferred_outputs(self) -> list[RequestOutput]:
+        """The deltas the engine holds for its next step (``LLMEngine.take_deferred_outputs``),
+        taken now; none before the engine is built."""
+        return self.engine.take_deferred_outputs() if self.engine is not None else []
+
     def _fail_all(self, reason: str) -> None:
         """End every stream in flight with ``finish_reason="abort"`` (``reason``, or the
         engine's error, as its message); on a stop, the deltas a step left for the next call
         reach their clients first."""
-        if self.error is None and self.engine is not None:
-            self._deliver(self.engine.take_deferred_outputs())
+        outs = self._deferred_outputs() if self.error is None else []
+        if outs:
+            self._deliver(outs)
         for rid, sink in list(self._sinks.items()):
             sink(RequestOutput.aborted(rid, self.error or reason))
         self._sinks.clear()

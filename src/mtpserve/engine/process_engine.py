@@ -170,6 +170,11 @@ class ProcessEngine(AsyncEngine):
         with self._sinks_lock:
             super()._end_sinks(request_id)
 
+    def _deferred_outputs(self) -> list[RequestOutput]:
+        """None here: the engine process holds them, and this side ends a stream as soon as
+        it sends the abort or the stop (``self.engine`` is only the engine's description)."""
+        return []
+
     def _fail_all(self, reason: str) -> None:
         with self._sinks_lock:
             super()._fail_all(reason)
