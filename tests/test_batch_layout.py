@@ -75,3 +75,13 @@ def test_the_size_picks_the_layout():
     assert isinstance(batch_layout([one], BS).i64, list)
     many = [one] * -(-ARRAY_MIN_TOKENS // 4)
     assert isinstance(batch_layout(many, BS).i64, np.ndarray)
+
+
+def test_a_position_past_the_block_table_raises_in_both_layouts():
+    """A token whose block the sequence does not hold is an error, not a write into another
+    table's padding (block 0)."""
+    short = _scheduled(list(range(10)), 9, 1, [1, 2, 3], [4, 5])    # positions 9-12: 4 blocks
+    wide = _scheduled(list(range(20)), 19, 1, [], [6, 7, 8, 9, 10])
+    for layout in (layout_lists, layout_arrays):
+        with pytest.raises(IndexError):
+            layout([short, wide], BS)

@@ -103,7 +103,12 @@ def layout_lists(scheduled: list[ScheduledSeq], block_size: int) -> BatchLayout:
 
 def layout_arrays(scheduled: list[ScheduledSeq], block_size: int) -> BatchLayout:
     """:func:`batch_layout` with numpy: one pass over the sequences for their scalars and
-    tokens, the per-token values as whole-array operations."""
+    tokens, the per-token values as whole-array operations.
+
+    Raises:
+        IndexError: a token's position lies past its sequence's block table (as the lists'
+            indexing does; a scheduler bug, never a request's).
+    """
     toks = [_tokens(s) for s in scheduled]
     qlens = [len(t) for t in toks]
     B, T = len(scheduled), sum(qlens)
@@ -115,7 +120,13 @@ def layout_arrays(scheduled: list[ScheduledSeq], block_size: int) -> BatchLayout
     pos = np.arange(T, dtype=np.int64) + np.repeat(first - cu[:-1], q)
     tables, width = _padded_tables(scheduled)
     table = np.array(tables, np.int64).reshape(B, width)
-    slots = table[rows_of, pos // block_size] * block_size + pos % block_size
+    block = pos // block_size
+    held = np.array([len(s.seq.block_table) for s in scheduled], np.int64)
+    if (block >= held[rows_of]).any():   # (the lists' index raises; the padding would not)
+        b = int(rows_of[np.argmax(block >= held[rows_of])])
+        raise IndexError(f"request {scheduled[b].seq.request_id}: a position past its "
+                         f"{int(held[b])} KV blocks")
+    slots = table[rows_of, block] * block_size + pos % block_size
     n = np.array([_num_logits(s) for s in scheduled], np.int64)
     ncu = np.zeros(B + 1, np.int64)
     np.cumsum(n, out=ncu[1:])
