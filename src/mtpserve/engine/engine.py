@@ -86,7 +86,7 @@ class LLMEngine:
                                  else config.async_scheduling)
         self._pending: PendingStep | None = None   # async scheduling: the step still running
         # async scheduling: sequences whose deltas of the last synchronous step are still to be
-        # taken (``_take_unsent``, while the device runs the next step)
+        # taken (``take_deferred_outputs``, while the device runs the next step)
         self._unsent: list[Sequence] = []
         # perf_counter seconds when the last step's tokens were appended (None: idle since)
         self._done_at: float | None = None
@@ -137,13 +137,6 @@ class LLMEngine:
             if not self.has_unfinished_requests():
                 self._idle()
 
-    def take_deferred_outputs(self) -> list[RequestOutput]:
-        """The deltas of the last synchronous step still held under async scheduling (they
-        come with the next ``step()`` otherwise), now: for a caller about to end streams (an
-        abort, a shutdown), so that a request which finished, or computed tokens, before it
-        ends gets them first."""
-        return self._take_unsent()
-
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or self._pending is not None
                 or bool(self._unsent))
@@ -172,7 +165,7 @@ class LLMEngine:
             outputs = self._resolve() if self._pending is not None else []
             outputs += self._sync_step(allowed, arm)
         if not (self.scheduler.has_unfinished() or self._pending is not None):
-            outputs += self._take_unsent()   # no next step to take them behind
+            outputs += self.take_deferred_outputs()   # no next step to take them behind
             self._idle()
         return outputs
 
@@ -206,7 +199,7 @@ class LLMEngine:
                                   allowed)
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            return self._take_unsent()
+            return self.take_deferred_outputs()
         batch, layout = self.runner.prepare(sched)
         if self.proposer is not None:   # drafts still on the device go in on the device
             self.proposer.patch_inputs(batch, sched)
@@ -219,7 +212,7 @@ class LLMEngine:
                 items = self._verify_items(sampling)
             ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits,
                                                self.sampler, items)
-        outputs = self._take_unsent()   # the previous step's, while the device runs this one
+        outputs = self.take_deferred_outputs()   # the last step's, while the device runs this
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
@@ -279,7 +272,8 @@ class LLMEngine:
             for seq in sched.retired:
                 self.proposer.release(seq)
         if not sched.scheduled:
-            return self._take_unsent() + (self._resolve() if self._pending is not None else [])
+            outputs = self.take_deferred_outputs()
+            return outputs + (self._resolve() if self._pending is not None else [])
         batch, layout = self.runner.prepare(sched)
         if self._pending is not None:
             patch_input_ids(batch, sched, self._pending)
@@ -296,7 +290,7 @@ class LLMEngine:
             self.proposer.observe_launched(sched, hidden, next_ids)
         for s in sched.scheduled:   # publish full blocks now: the next step may admit a match
             self.block_manager.register_full_blocks(s.seq)
-        outputs = self._take_unsent()
+        outputs = self.take_deferred_outputs()
         if self._pending is not None:
             outputs += self._resolve()
         self._pending = launched
@@ -429,12 +423,14 @@ class LLMEngine:
         if seq.is_finished:
             self._drop(seq)
 
-    def _take_unsent(self) -> list[RequestOutput]:
+    def take_deferred_outputs(self) -> list[RequestOutput]:
         """The mid-stream deltas a synchronous step left under async scheduling (``_unsent``:
-        not a request's first or last), taken now: detokenizing and building the outputs
-        (~0.6 ms a step at 64 requests on the CPU, BENCHMARKS.md session 38) then run while the
-        device computes the next step, instead of between the read-back and the next launch.
-        A request aborted since has none."""
+        not a request's first or last), taken now. The next call takes them behind its launch:
+        detokenizing and building the outputs (~0.6 ms a step at 64 requests on the CPU,
+        BENCHMARKS.md session 38) then run while the device computes the next step, instead of
+        between the read-back and the next launch. A caller about to end streams (an abort, a
+        shutdown) takes them first, so that tokens computed before the end are sent. A request
+        aborted since has none."""
         seqs, self._unsent = self._unsent, []
         return [seq.take_output() for seq in seqs if seq.finish_reason != "abort"]
 

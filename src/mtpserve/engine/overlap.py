@@ -40,13 +40,13 @@ admitted by the next step finds them.
 
 Steps that cannot overlap (drafting steps, penalties) still run synchronously, but under async
 scheduling their mid-stream deltas are taken by the next call, after that call's step is
-launched (engine.py ``_take_unsent``): the tokens are appended and every stop checked before
-the next step is scheduled, while detokenizing (for requests without stop strings, whose text
-cannot end them: sequence.py) and building the outputs run while the device computes the next
-step instead of between the read-back and the next launch. A request's first delta and its
-last come at once (time to first token and to completion as without the deferral), and the
-call whose step leaves nothing to run returns the rest. An abort or a stop of the server's
-loop delivers them first (``LLMEngine.take_deferred_outputs``).
+launched (engine.py ``take_deferred_outputs``): the tokens are appended and every stop checked
+before the next step is scheduled, while detokenizing (for requests without stop strings, whose
+text cannot end them: sequence.py) and building the outputs run while the device computes the
+next step instead of between the read-back and the next launch. A request's first delta and
+its last come at once (time to first token and to completion as without the deferral), and
+the call whose step leaves nothing to run returns the rest. An abort or a stop of the server's
+loop takes them first.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class Sequence:
     detokenizer), ``max_tokens`` and ``max_model_len``. A request without stop strings feeds its
     tokens to the detokenizer only when its output is taken (:meth:`take_output`): the text is
     the same, and the decoding falls where the engine takes outputs, which under async
-    scheduling is while the device runs the next step (engine.py ``_take_unsent``).
+    scheduling is while the device runs the next step (engine.py ``take_deferred_outputs``).
 
     Under async scheduling (engine/overlap.py) a token sampled by a step still running on the
     device is a *placeholder* at the end of ``token_ids`` (``num_pending`` of them, at most two):
@@ -70,7 +70,9 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self._new_ids: list[int] = []
         self._new_logprobs: list[TokenLogprob] = []
-        self._undecoded: list[int] = []   # output ids not fed to a detokenizer without stops
+        # output ids still to feed a detokenizer without stop strings (not all of _new_ids: a
+        # token that ends the request as EOS or a stop id is never decoded)
+        self._undecoded: list[int] = []
 
     # ---- progress --------------------------------------------------------------------------
     @property
