@@ -67,6 +67,18 @@ join_smollm2() {
 tree_src() {
   if [ "$1" = old ]; then echo "$PWD/.snapold/src"; else echo "$PWD/src"; fi
 }
+# gpu_spec.py (n-gram on vs off on the real SmolLM2) under each tree in turn, its JSON per run:
+#   spec_ab LABEL "TREES" [gpu_spec.py flags...]   e.g. spec_ab c64 "new old" --concurrency 64
+spec_ab() {
+  local label=$1 trees=$2 tree src
+  shift 2
+  for tree in $trees; do
+    src=$(tree_src $tree)
+    echo "== $tree $label"
+    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py "$@" --json "$OUT/gpu_spec_${label}_${tree}_$RANDOM.json" 2>&1 \
+      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
+  done
+}
 # The hybrid MoE shape with an MTP layer as a checkpoint of random weights in /tmp/ckpt-hybrid.
 hybrid_checkpoint() {
   python3 -c "import sys; from gpu_ready import write_checkpoint; write_checkpoint('qwen3-next-3b', sys.argv[1])" /tmp/ckpt-hybrid
@@ -134,18 +146,8 @@ s38a)     # session 38 (staged, not run: no machine), call 1 (carry .whl .fixtur
   ;;
 s38b)     # session 38 (staged), call 2 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s38a; .snapold: git archive 944c143 src, before the deferred deltas): n-gram on vs off at 64 requests as a continuous load, this tree against .snapold twice; then one request, each tree once
   join_smollm2
-  for tree in new old new old; do
-    src=$(tree_src $tree)
-    echo "== $tree c64"
-    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 2 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64_${tree}_$RANDOM.json" 2>&1 \
-      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
-  done
-  for tree in new old; do
-    src=$(tree_src $tree)
-    echo "== $tree c1"
-    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 3 --concurrency 1 --json "$OUT/gpu_spec_c1_$tree.json" 2>&1 \
-      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
-  done
+  spec_ab c64 "new old new old" --repeats 2 --concurrency 64 --requests 256
+  spec_ab c1 "new old" --repeats 3 --concurrency 1
   ;;
 s37d)     # session 37, last call (carry .whl .fixtures/smollm2.part-ab, right after s37a with the wheels installed): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree only, code edits first (what little device time was left)
   join_smollm2
@@ -153,12 +155,7 @@ s37d)     # session 37, last call (carry .whl .fixtures/smollm2.part-ab, right a
   ;;
 s37c)     # session 37, call 4 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s37a): n-gram on vs off at 64 requests as a continuous load (256 requests, 64 at a time), this tree then .snapold/src (session 36's gate), twice
   join_smollm2
-  for tree in new old new old; do
-    src=$(tree_src $tree)
-    echo "== $tree"
-    PYTHONPATH=/tmp/site:$src:$PWD/tests:$PWD/benchmarks timeout 100 python3 benchmarks/gpu_spec.py --repeats 3 --concurrency 64 --requests 256 --json "$OUT/gpu_spec_c64_${tree}_$RANDOM.json" 2>&1 \
-      | grep -v "it/s" | grep -v "^    told" | grep -v "^    gate"
-  done
+  spec_ab c64 "new old new old" --repeats 3 --concurrency 64 --requests 256
   ;;
 s37a)     # session 37, call 1 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx (nothing else: three machines had failed to start, device time was short)
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
