@@ -168,24 +168,35 @@ def test_messages_to_the_engine_never_block_the_caller():
     assert pipe.sent == [("abort", "r0"), ("abort", "r1"), ("abort", "r2")]
 
 
+def _first_output(act):
+    """A ProcessEngine (no process) and a sink of request "r1" on a running event loop;
+    ``act(engine, sink)`` does the rest. Returns the first output the sink gets (within 5 s)
+    and the engine's sinks after."""
+    import asyncio
+
+    from mtpserve.engine.async_engine import _Sink
+    from mtpserve.engine.process_engine import ProcessEngine
+
+    async def run():
+        eng = ProcessEngine(CONFIG)
+        q: asyncio.Queue = asyncio.Queue()
+        act(eng, _Sink(asyncio.get_running_loop(), q))
+        return await asyncio.wait_for(q.get(), 5), eng._sinks
+
+    return asyncio.run(run())
+
+
 def test_a_request_submitted_after_the_engine_died_ends_with_its_error():
     """The window between generate()'s liveness check and the request's registration: once the
     reader has marked the engine dead (and failed the open requests), a new one is failed at
     once with the engine's error instead of waiting forever."""
-    import asyncio
+    from mtpserve.engine.async_engine import _Add
 
-    from mtpserve.engine.async_engine import _Add, _Sink
-    from mtpserve.engine.process_engine import ProcessEngine
-
-    async def submit():
-        eng = ProcessEngine(CONFIG)
+    def submit(eng, sink):
         eng.dead, eng.error = True, "RuntimeError: boom"
-        q: asyncio.Queue = asyncio.Queue()
-        eng._submit(_Add("r1", [1, 2], SamplingParams(), _Sink(asyncio.get_running_loop(), q)))
-        out = await asyncio.wait_for(q.get(), 5)
-        return out, eng._sinks
+        eng._submit(_Add("r1", [1, 2], SamplingParams(), sink))
 
-    out, sinks = asyncio.run(submit())
+    out, sinks = _first_output(submit)
     assert (out.request_id, out.finished, out.finish_reason, out.error) == \
         ("r1", True, "abort", "RuntimeError: boom")
     assert sinks == {}
@@ -195,23 +206,15 @@ def test_a_clean_stop_ends_the_streams_in_flight_with_abort():
     """On a stop without error (shutdown, the reader's exit) every open stream ends with
     ``finish_reason="abort"``; the engine's description (``self.engine`` once ready) holds no
     deltas to deliver first (a review caught _fail_all asking it for them)."""
-    import asyncio
     import types
 
-    from mtpserve.engine.async_engine import _Sink
-    from mtpserve.engine.process_engine import ProcessEngine
-
-    async def stop():
-        eng = ProcessEngine(CONFIG)
+    def stop(eng, sink):
         eng.engine = types.SimpleNamespace(tokenizer=None, config=None, model_config=None,
                                            max_model_len=256)   # as the "ready" message sets
-        q: asyncio.Queue = asyncio.Queue()
-        eng._sinks["r1"] = _Sink(asyncio.get_running_loop(), q)
+        eng._sinks["r1"] = sink
         eng._fail_all("abort")
-        out = await asyncio.wait_for(q.get(), 5)
-        return out, eng._sinks
 
-    out, sinks = asyncio.run(stop())
+    out, sinks = _first_output(stop)
     assert (out.request_id, out.finished, out.finish_reason, out.error) == \
         ("r1", True, "abort", "abort")
     assert sinks == {}
