@@ -106,16 +106,20 @@ def test_ngram_lookup(tokens, k, expected):
 
 def test_incremental_ngram_index_agrees_with_the_array_scan():
     """The proposer's hash index and the numpy scan draft the same tokens at every length of
-    random, repetitive sequences grown token by token (several tokens at a time too)."""
+    random, repetitive sequences grown token by token, several at a time, and by catch-ups of
+    10-40 tokens, from a first lookup at up to 60 tokens (n-gram ranges 1-1 to 2-4)."""
     from mtpserve.spec.ngram import NgramIndex
 
     rng = np.random.default_rng(0)
-    for trial in range(20):
+    for trial in range(40):
         alphabet = int(rng.integers(2, 6))
-        tokens = rng.integers(0, alphabet, 120).tolist()
-        idx, length = NgramIndex(1, 3), 2
+        tokens = rng.integers(0, alphabet, 160).tolist()
+        n_min = int(rng.integers(1, 3))
+        n_max = n_min + int(rng.integers(0, 3))
+        idx, length = NgramIndex(n_min, n_max), int(rng.integers(2, 60))
         while length <= len(tokens):
             prefix = tokens[:length]
-            expected = ngram_lookup(np.array(prefix, dtype=np.int64), 1, 3, 4)
+            expected = ngram_lookup(np.array(prefix, dtype=np.int64), n_min, n_max, 4)
             assert idx.lookup(prefix, 4) == expected, (trial, length)
-            length += int(rng.integers(1, 4))
+            # mostly a step's 1-3 tokens; now and then a catch-up over skipped steps
+            length += int(rng.integers(1, 4) if rng.random() < 0.8 else rng.integers(10, 40))

@@ -44,12 +44,27 @@ class NgramIndex:
         self.indexed = 0   # tokens[:indexed] have had their windows (those with a successor) added
 
     def update(self, tokens: list[int]) -> None:
-        """Index every window of ``tokens`` that ends before the last token."""
+        """Index every window of ``tokens`` that ends before the last token.
+
+        The new windows of each n go in with one ``dict.update`` over ``zip`` of n shifted
+        slices: a later start overwrites an earlier one, as the latest occurrence must. A
+        catch-up of 1000 tokens (a prompt, or the steps the proposer skipped) costs ~0.3 ms
+        where a loop over windows took ~1.3 ms (CPU, n = 1..4): at 64 requests a drafting step
+        after 64 plain ones indexes ~4000 tokens."""
         last = len(tokens) - 1        # a window must be followed by a token
-        for end in range(max(self.indexed, 1), last + 1):   # window ends at tokens[end - 1]
-            for n, m in self.maps.items():
-                if end >= n:
-                    m[tuple(tokens[end - n:end])] = end - n
+        first = max(self.indexed, 1)  # the first window end not indexed yet (end: exclusive)
+        if last - first < 4:          # a step's few tokens: the slices would cost more
+            for end in range(first, last + 1):
+                for n, m in self.maps.items():
+                    if end >= n:
+                        m[tuple(tokens[end - n:end])] = end - n
+            self.indexed = max(self.indexed, last + 1)
+            return
+        for n, m in self.maps.items():
+            lo = max(first, n)        # windows tokens[end - n:end] for end in lo..last
+            if lo <= last:
+                cols = [tokens[lo - n + j:last - n + 1 + j] for j in range(n)]
+                m.update(zip(zip(*cols), range(lo - n, last - n + 1)))
         self.indexed = max(self.indexed, last + 1)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
