@@ -138,6 +138,13 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
+s39b)     # session 39, call 2 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s38a; .snapold: git archive 944c143 src, before the deferred deltas): n-gram on vs off at 64 requests as a continuous load, this tree against .snapold twice; then where a drafting step's host time goes at 1 and 64 requests (this tree)
+  join_smollm2
+  spec_ab c64 "new old new old" --repeats 2 --concurrency 64 --requests 256
+  for c in 1 64; do
+    timeout 90 python3 benchmarks/gpu_spec_host.py --concurrency $c --json "$OUT/gpu_spec_host_c$c.json" 2>&1 | grep -v "it/s" | tail -9
+  done
+  ;;
 s38a)     # session 38 (staged, not run: no machine), call 1 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx, then the GPU tests (async scheduling now takes a drafting step's deltas behind the next launch: greedy equality on the GPU)
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
   git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
