@@ -534,3 +534,36 @@ def test_an_abort_or_a_stop_delivers_the_deltas_a_step_left_first(smollm2_llm):
         assert "".join(o.new_text for o in qa) == alone.text
         assert sum(len(o.new_token_ids) for o in qb) == b_has and qb[-1].finish_reason == "abort"
         assert ae._sinks == {}
+
+
+def test_the_engine_process_sends_the_deltas_a_step_left_before_it_stops(smollm2_llm):
+    """``--engine-process``: on a stop, the engine's loop (engine/engine_core.py ``_serve``)
+    sends the deltas a drafting step held for the next call before it returns, so the streams
+    that the server then ends as aborted carry every token computed (a review found the loop
+    returning without them)."""
+    import multiprocessing
+
+    from mtpserve.engine.engine_core import _serve
+
+    llm = smollm2_llm
+    eng = llm.engine
+    ids = chat_ids(llm.tokenizer, REPEATING)
+    sent = []
+    with ngram_gated(eng, ScriptedGate([True])), async_on(llm):
+        eng.add_request("b", ids, SamplingParams(max_tokens=50, temperature=0.0))
+        while [s.request_id for s in eng._unsent] != ["b"]:
+            sent += [t for o in eng.step() for t in o.new_token_ids]
+        held = eng.seqs["b"].output_token_ids[len(sent):]
+        assert held   # the drafting step's tokens, not yet sent
+        ours, theirs = multiprocessing.Pipe()
+        ours.send(("stop",))
+        _serve(theirs, eng)
+        msgs = []
+        while ours.poll(0):
+            msgs.append(ours.recv())
+        assert [(m[0], [(o.request_id, o.new_token_ids) for o in m[1]]) for m in msgs] == [
+            ("out", [("b", held)])]
+        assert eng._unsent == []
+        eng.abort_request("b")
+        while eng.has_unfinished_requests():
+            eng.step()

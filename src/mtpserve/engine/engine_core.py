@@ -64,8 +64,10 @@ def run_engine_core(conn, config, warmup: bool, log_level: int) -> None:
 
 
 def _serve(conn, eng) -> None:
-    """Requests in, one step's deltas out, until ``("stop",)``. Messages that leave nothing to
-    run (an abort of the last request) still send the counters after them. Profiled under
+    """Requests in, one step's deltas out, until ``("stop",)``, which first sends the deltas a
+    synchronous step left for the next call under async scheduling (the reader delivers them
+    before it ends the streams still open). Messages that leave nothing to run (an abort of the
+    last request) still send the counters after them. Profiled under
     ``MTPSERVE_ENGINE_PROFILE`` (engine/loop_profile.py)."""
     from mtpserve.engine.loop_profile import profiled_loop
 
@@ -76,7 +78,8 @@ def _serve(conn, eng) -> None:
                 continue
             while conn.poll(0):
                 msg = conn.recv()
-                if msg[0] == "stop":
+                if msg[0] == "stop":   # a synchronous step's held deltas before the end
+                    conn.send(("out", eng.take_deferred_outputs(), eng.stats()))
                     return
                 _handle(eng, conn, msg)
             if eng.has_unfinished_requests():

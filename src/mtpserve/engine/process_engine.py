@@ -171,8 +171,10 @@ class ProcessEngine(AsyncEngine):
             super()._end_sinks(request_id)
 
     def _deferred_outputs(self) -> list[RequestOutput]:
-        """None here: the engine process holds them, and this side ends a stream as soon as
-        it sends the abort or the stop (``self.engine`` is only the engine's description)."""
+        """None here (``self.engine`` is only the engine's description): the engine process
+        holds them. It drops an aborted request's, as this side ends that stream when it sends
+        the abort, and sends the rest on a stop, before its pipe closes and the reader ends
+        the streams still open (engine_core.py ``_serve``)."""
         return []
 
     def _fail_all(self, reason: str) -> None:
