@@ -379,7 +379,10 @@ def test_the_gates_steps_tile_the_engines_wall_time(smollm2_llm, monkeypatch):
     record = gate.record
 
     def timed(num_seqs, drafted, tokens, seconds, switch=False):
-        ends.append((Clock.perf_counter() - 1, seconds))   # the engine read the clock last
+        # the engine read the clock last; a drafting step's held deltas are its time too
+        # (their expected seconds: take_deferred_outputs)
+        held = eng._deferred_cost * len(eng._unsent)
+        ends.append((Clock.perf_counter() - 1 + held, seconds))
         record(num_seqs, drafted, tokens, seconds, switch)
     gate.record = timed
     monkeypatch.setattr(engine_module, "time", Clock)
@@ -567,3 +570,52 @@ def test_the_engine_process_sends_the_deltas_a_step_left_before_it_stops(smollm2
         eng.abort_request("b")
         while eng.has_unfinished_requests():
             eng.step()
+
+
+def test_a_drafting_steps_held_deltas_are_its_time_not_the_next_steps(smollm2_llm, monkeypatch):
+    """The seconds spent taking a drafting step's held deltas (behind the next launch) count
+    as that step's in what the load gate is told, not as the step that takes them. On a clock
+    that moves only while a delta is built (1 s each; two requests, one delta each a step),
+    every decode step is told 2 s: a plain step its own two deltas, a drafting step the two it
+    left (their expected cost). Before, the plain step after a drafting one was told 4 s: at
+    64 requests the gate's one-step plain probes then found plain decoding slower than it was
+    and kept drafting where it lost (H100, session 39)."""
+    import types
+
+    from mtpserve.engine import engine as engine_module
+    from mtpserve.engine.sequence import Sequence
+
+    clock = [0.0]
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    take_output = Sequence.take_output
+
+    def slow_take_output(seq):
+        clock[0] += 1.0
+        return take_output(seq)
+    monkeypatch.setattr(Sequence, "take_output", slow_take_output)
+
+    class TimedGate(ScriptedGate):
+        def record(self, num_seqs, drafted, tokens, seconds, switch=False):
+            super().record(num_seqs, drafted, tokens, seconds, switch)
+            self.told.append((drafted, seconds))
+
+    gate = TimedGate([True, True, False, False])
+    gate.told = []
+    llm = smollm2_llm
+    eng = llm.engine
+    eng._deferred_cost = 0.0   # as a new engine's (earlier tests taught it theirs)
+    ids = chat_ids(llm.tokenizer, REPEATING)
+    p = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    with ngram_gated(eng, gate), async_on(llm):
+        eng.add_request("a", ids, p)
+        eng.add_request("b", ids, p)
+        while len(gate.told) < 13:
+            eng.step()
+        for rid in ("a", "b"):
+            eng.abort_request(rid)
+        while eng.has_unfinished_requests():
+            eng.step()
+    # the first drafting step knows no cost of a held delta yet: told 0 s, and the second
+    # carries the first's deltas (2 s) besides its own expected 2 s
+    assert gate.told[:2] == [(True, 0.0), (True, 4.0)]
+    assert gate.told[2:13] == [(d, 2.0) for d in [False, False, True, True] * 3][:11]

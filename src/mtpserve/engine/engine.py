@@ -88,6 +88,8 @@ class LLMEngine:
         # async scheduling: sequences whose deltas of the last synchronous step are still to be
         # taken (``take_deferred_outputs``, while the device runs the next step)
         self._unsent: list[Sequence] = []
+        # seconds that taking one such delta took (exponentially weighted; 0: none taken yet)
+        self._deferred_cost = 0.0
         # perf_counter seconds when the last step's tokens were appended (None: idle since)
         self._done_at: float | None = None
         self._drafted = False   # whether the last step verified drafts (the step timer's switch)
@@ -212,7 +214,9 @@ class LLMEngine:
                 items = self._verify_items(sampling)
             ahead = self.proposer.verify_ahead(sched, batch, layout, hidden, logits,
                                                self.sampler, items)
+        taken_at = time.perf_counter()
         outputs = self.take_deferred_outputs()   # the last step's, while the device runs this
+        t0 += time.perf_counter() - taken_at     # (their time is the last step's)
         starts = [s.seq.num_computed_tokens for s in sched.scheduled]
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
@@ -232,12 +236,17 @@ class LLMEngine:
                 outputs.append(s.seq.take_output())
         self.stats_logger.step(self, emitted)
         after_plain = not self._drafted
+        # the deltas left for the next call are this step's work: their expected seconds
+        # count as its own, and the next step's time starts after them (take_deferred_outputs)
         now = time.perf_counter()
-        self._record_for_policy(sched, emitted, now - self._done_at, arm, synchronous=True)
-        self._done_at = now
+        deferred = self._deferred_cost * len(self._unsent)
+        self._record_for_policy(sched, emitted, now + deferred - self._done_at, arm,
+                                synchronous=True)
+        self._done_at = now + deferred
         graphs = self.runner.graphs
         if graphs is not None and graphs.can_run(batch):
-            self.step_timer.record(batch.num_tokens, batch.num_seqs, time.perf_counter() - t0,
+            self.step_timer.record(batch.num_tokens, batch.num_seqs,
+                                   time.perf_counter() - t0 + deferred,
                                    graphs.step_cost(batch.num_tokens), after_plain,
                                    sum(1 for s in sched.scheduled if s.draft_token_ids))
         self._drafted = items is not None
@@ -430,9 +439,26 @@ class LLMEngine:
         BENCHMARKS.md session 38) then run while the device computes the next step, instead of
         between the read-back and the next launch. A caller about to end streams (an abort, a
         shutdown) takes them first, so that tokens computed before the end are sent. A request
-        aborted since has none."""
+        aborted since has none.
+
+        Their seconds are the step's that left them, not the one that takes them: that step
+        was recorded (for the load gate and the step timer) with their expected seconds, and the
+        next step's time starts that much after its end, so the steps still tile the engine's
+        wall time. Left in the step that takes them, the one plain step of a load gate's probe
+        after a run of drafting steps carried 64 requests' outputs: the gate then measured plain
+        decoding slower than it was and kept drafting at 64 requests where it lost (H100,
+        session 39). The expectation (seconds a delta, weighted 0.2 per call, learned here)
+        stands in for the real figure because the gate decides the next step before these are
+        taken."""
+        start = time.perf_counter()
         seqs, self._unsent = self._unsent, []
-        return [seq.take_output() for seq in seqs if seq.finish_reason != "abort"]
+        outputs = [seq.take_output() for seq in seqs if seq.finish_reason != "abort"]
+        if seqs:
+            took = time.perf_counter() - start
+            each = took / len(seqs)
+            self._deferred_cost = each if not self._deferred_cost else \
+                0.8 * self._deferred_cost + 0.2 * each
+        return outputs
 
     def _drop(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
