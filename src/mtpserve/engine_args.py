@@ -32,7 +32,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--cuda-graph-max-tokens", type=int,
                    help="largest decode/verify step (tokens) captured as a CUDA graph "
-                        "(default: max-num-seqs x (1 + speculative steps))")
+                        "(default: max-num-seqs x (1 + speculative steps); for attention-only "
+                        "models at least max-num-seqs + 15, so that a step admitting a request "
+                        "whose prompt is cached but for its last block stays a graph)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory for weights, activations and the KV cache")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
