@@ -138,9 +138,10 @@ step_traces() {
   tar czf "$OUT/res.tgz" -C /tmp res
 }
 case "${1:-run}" in
-s39c)     # session 39, call 4 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s39a): s39b's c=64 continuous A/B again with the held deltas' time given to the drafting step that left them (the gate drafted where it lost in s39b): new, old, new (device time was short)
+s39c)     # next session, call 2 (carry .whl .fixtures/smollm2.part-ab .snapold, right after s39a; .snapold: git archive 944c143 src): s39b's c=64 continuous A/B again after session 39's two fixes (a drafting step's held deltas are its time in what the gate is told; plain decoding's graphs hold a cached prompt's admission step), new, old, new, old; then one request, new against old
   join_smollm2
-  spec_ab c64 "new old new" --repeats 2 --concurrency 64 --requests 256
+  spec_ab c64 "new old new old" --repeats 2 --concurrency 64 --requests 256
+  spec_ab c1 "new old" --repeats 2 --concurrency 1
   ;;
 s39a)     # session 39, call 1 (carry .whl .fixtures/smollm2.part-aa): the real SmolLM2's first half to /root/fx only (machine starts kept failing: device time is short)
   mkdir -p /root/fx && cp .fixtures/smollm2.part-aa /root/fx/
