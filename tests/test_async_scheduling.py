@@ -5,6 +5,7 @@ prefill under async scheduling: tests/test_engine_real.py."""
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 
 import pytest
@@ -381,7 +382,7 @@ def test_the_gates_steps_tile_the_engines_wall_time(smollm2_llm, monkeypatch):
     def timed(num_seqs, drafted, tokens, seconds, switch=False):
         # the engine read the clock last; a drafting step's held deltas are its time too
         # (their expected seconds: take_deferred_outputs)
-        held = eng._deferred_cost * len(eng._unsent)
+        held = eng.deferred_cost.expect(len(eng._unsent))
         ends.append((Clock.perf_counter() - 1 + held, seconds))
         record(num_seqs, drafted, tokens, seconds, switch)
     gate.record = timed
@@ -583,6 +584,7 @@ def test_a_drafting_steps_held_deltas_are_its_time_not_the_next_steps(smollm2_ll
     import types
 
     from mtpserve.engine import engine as engine_module
+    from mtpserve.engine.deferred_cost import DeferredCost
     from mtpserve.engine.sequence import Sequence
 
     clock = [0.0]
@@ -603,18 +605,24 @@ def test_a_drafting_steps_held_deltas_are_its_time_not_the_next_steps(smollm2_ll
     gate.told = []
     llm = smollm2_llm
     eng = llm.engine
-    eng._deferred_cost = 0.0   # as a new engine's (earlier tests taught it theirs)
+    eng.deferred_cost = DeferredCost()   # as a new engine's (earlier tests taught it theirs)
     ids = chat_ids(llm.tokenizer, REPEATING)
     p = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
     with ngram_gated(eng, gate), async_on(llm):
         eng.add_request("a", ids, p)
         eng.add_request("b", ids, p)
-        while len(gate.told) < 13:
-            eng.step()
-        for rid in ("a", "b"):
-            eng.abort_request(rid)
-        while eng.has_unfinished_requests():
-            eng.step()
+        try:
+            while len(gate.told) < 13 and eng.has_unfinished_requests():
+                eng.step()
+        finally:
+            for rid in ("a", "b"):
+                eng.abort_request(rid)
+            while eng.has_unfinished_requests():
+                eng.step()
+        # warm-up's own deltas (one request drafting at every step) teach it nothing it keeps
+        learned = copy.deepcopy(vars(eng.deferred_cost))
+        eng.warmup()
+        assert vars(eng.deferred_cost) == learned and learned["_medians"] == {1: 1.0}
     # the first drafting step knows no cost of a held delta yet: told 0 s, and the second
     # carries the first's deltas (2 s) besides its own expected 2 s
     assert gate.told[:2] == [(True, 0.0), (True, 4.0)]

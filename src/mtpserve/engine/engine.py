@@ -11,6 +11,7 @@ import torch
 
 from mtpserve.config import EngineConfig, ModelConfig
 from mtpserve.engine.block_manager import BlockManager
+from mtpserve.engine.deferred_cost import DeferredCost
 from mtpserve.engine.detokenizer import IncrementalDetokenizer
 from mtpserve.engine.model_runner import ModelRunner
 from mtpserve.engine.overlap import (PendingStep, next_token_ids, overlappable,
@@ -88,8 +89,8 @@ class LLMEngine:
         # async scheduling: sequences whose deltas of the last synchronous step are still to be
         # taken (``take_deferred_outputs``, while the device runs the next step)
         self._unsent: list[Sequence] = []
-        # seconds that taking one such delta took (exponentially weighted; 0: none taken yet)
-        self._deferred_cost = 0.0
+        # what taking them costs the host, learned as they are taken
+        self.deferred_cost = DeferredCost()
         # perf_counter seconds when the last step's tokens were appended (None: idle since)
         self._done_at: float | None = None
         self._drafted = False   # whether the last step verified drafts (the step timer's switch)
@@ -239,7 +240,7 @@ class LLMEngine:
         # the deltas left for the next call are this step's work: their expected seconds
         # count as its own, and the next step's time starts after them (take_deferred_outputs)
         now = time.perf_counter()
-        deferred = self._deferred_cost * len(self._unsent)
+        deferred = self.deferred_cost.expect(len(self._unsent))
         self._record_for_policy(sched, emitted, now + deferred - self._done_at, arm,
                                 synchronous=True)
         self._done_at = now + deferred
@@ -442,22 +443,23 @@ class LLMEngine:
         aborted since has none.
 
         Their seconds are the step's that left them, not the one that takes them: that step
-        was recorded (for the load gate and the step timer) with their expected seconds, and the
-        next step's time starts that much after its end, so the steps still tile the engine's
-        wall time. Left in the step that takes them, the one plain step of a load gate's probe
-        after a run of drafting steps carried 64 requests' outputs: the gate then measured plain
-        decoding slower than it was and kept drafting at 64 requests where it lost (H100,
-        session 39). The expectation (seconds a delta, weighted 0.2 per call, learned here)
-        stands in for the real figure because the gate decides the next step before these are
-        taken."""
+        was recorded (for the load gate and the step timer) with their expected seconds
+        (``deferred_cost``, learned here), and the next step's time starts that much after its
+        end, so the steps tile the engine's wall time, though never later than the end of this
+        take (an expectation above what they took must not eat the next step's own time).
+        Left in the step that takes them, the one plain step of a load gate's probe after a run
+        of drafting steps carried 64 requests' outputs: the gate then measured plain decoding
+        slower than it was and kept drafting at 64 requests where it lost (H100, session 39).
+        An expectation stands in for the real figure because the gate decides the next step
+        before these are taken."""
         start = time.perf_counter()
         seqs, self._unsent = self._unsent, []
         outputs = [seq.take_output() for seq in seqs if seq.finish_reason != "abort"]
         if seqs:
-            took = time.perf_counter() - start
-            each = took / len(seqs)
-            self._deferred_cost = each if not self._deferred_cost else \
-                0.8 * self._deferred_cost + 0.2 * each
+            end = time.perf_counter()
+            self.deferred_cost.observe(len(seqs), end - start)
+            if self._done_at is not None:
+                self._done_at = min(self._done_at, end)
         return outputs
 
     def _drop(self, seq: Sequence) -> None:
@@ -481,6 +483,7 @@ class LLMEngine:
                   list(m.accepted_per_step))
         pooled = pool.snapshot() if pool is not None else None
         timer = copy.deepcopy(vars(self.step_timer))
+        deferred_cost = copy.deepcopy(vars(self.deferred_cost))
         gate = getattr(getattr(self.proposer, "policy", None), "gate", None)
         gate_state = copy.deepcopy(vars(gate)) if gate is not None else None
         ids = self.tokenizer.encode("Hello") or [0]
@@ -501,6 +504,7 @@ class LLMEngine:
         (m.num_draft_tokens, m.num_accepted_tokens, m.num_verify_steps,
          m.accepted_per_step) = counts
         vars(self.step_timer).update(timer)
+        vars(self.deferred_cost).update(deferred_cost)
         if gate is not None:
             vars(gate).update(gate_state)
         self._idle()
