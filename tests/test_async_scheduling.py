@@ -578,7 +578,8 @@ def test_a_drafting_steps_held_deltas_are_its_time_not_the_next_steps(smollm2_ll
     as that step's in what the load gate is told, not as the step that takes them. On a clock
     that moves only while a delta is built (1 s each; two requests, one delta each a step),
     every decode step is told 2 s: a plain step its own two deltas, a drafting step the two it
-    left (their expected cost). Before, the plain step after a drafting one was told 4 s: at
+    left (their expected cost), and the step timer is told the same of each drafting step.
+    Before, the plain step after a drafting one was told 4 s: at
     64 requests the gate's one-step plain probes then found plain decoding slower than it was
     and kept drafting where it lost (H100, session 39)."""
     import types
@@ -601,11 +602,31 @@ def test_a_drafting_steps_held_deltas_are_its_time_not_the_next_steps(smollm2_ll
             super().record(num_seqs, drafted, tokens, seconds, switch)
             self.told.append((drafted, seconds))
 
+    class EagerGraphs:
+        """Stands in for captured graphs, so that synchronous steps reach the step timer."""
+
+        def can_run(self, batch):
+            return True
+
+        def step_cost(self, num_tokens):
+            return None   # (the policy prices by its model, as on the CPU)
+
+        def run(self, batch):
+            runner.graphs = None
+            try:
+                return runner.execute(batch)
+            finally:
+                runner.graphs = self
+
     gate = TimedGate([True, True, False, False])
     gate.told = []
     llm = smollm2_llm
     eng = llm.engine
     eng.deferred_cost = DeferredCost()   # as a new engine's (earlier tests taught it theirs)
+    runner, timed = eng.runner, []
+    monkeypatch.setattr(runner, "graphs", EagerGraphs())
+    monkeypatch.setattr(eng.step_timer, "record",
+                        lambda tokens, seqs, wall, *a, **k: timed.append(wall))
     ids = chat_ids(llm.tokenizer, REPEATING)
     p = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
     with ngram_gated(eng, gate), async_on(llm):
@@ -627,3 +648,6 @@ def test_a_drafting_steps_held_deltas_are_its_time_not_the_next_steps(smollm2_ll
     # carries the first's deltas (2 s) besides its own expected 2 s
     assert gate.told[:2] == [(True, 0.0), (True, 4.0)]
     assert gate.told[2:13] == [(d, 2.0) for d in [False, False, True, True] * 3][:11]
+    # the step timer times a drafting step from its own start, past the deltas it takes of
+    # the step before, plus the expected seconds of those it leaves: 2 s from the second on
+    assert timed[0] == 0.0 and len(timed) >= 7 and set(timed[1:7]) == {2.0}
