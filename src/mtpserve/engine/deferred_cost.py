@@ -7,10 +7,12 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from mtpserve.spec.load_gate import LoadGate
+
 
 class DeferredCost:
-    """Seconds per delta taken, by how many are taken at once (buckets of powers of two, as the
-    load gate buckets batch sizes: one delta alone costs several times its share of 64).
+    """Seconds per delta taken, by how many are taken at once (the load gate's buckets of powers
+    of two, ``LoadGate.bucket``: one delta alone costs several times its share of 64).
 
     The median of a bucket's last ``window`` samples, not an average: one slow take (a garbage
     collection, the GIL handed to the HTTP server's thread) must not be charged to the steps
@@ -23,14 +25,9 @@ class DeferredCost:
         self._samples: dict[int, deque] = {}
         self._medians: dict[int, float] = {}
 
-    @staticmethod
-    def bucket(n: int) -> int:
-        """The bucket of ``n`` deltas taken at once: 1; 2; 3-4; 5-8; ..."""
-        return max(0, n - 1).bit_length()
-
     def observe(self, n: int, seconds: float) -> None:
         """``n`` deltas (n >= 1) were taken in ``seconds``."""
-        key = self.bucket(n)
+        key = LoadGate.bucket(n)
         samples = self._samples.setdefault(key, deque(maxlen=self.window))
         samples.append(seconds / n)
         self._medians[key] = statistics.median(samples)
@@ -40,6 +37,6 @@ class DeferredCost:
         of the nearest bucket with samples; 0.0 for none, or before any sample."""
         if n <= 0 or not self._medians:
             return 0.0
-        key = self.bucket(n)
+        key = LoadGate.bucket(n)
         near = min(self._medians, key=lambda k: (abs(k - key), k))
         return n * self._medians[near]
